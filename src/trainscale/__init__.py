@@ -1,0 +1,15 @@
+"""trainscale: scale PyTorch training across devices and machines, and measure why it does not scale."""
+
+__version__ = "0.1.0"
+
+from .config import Config, ConfigError, load_config  # noqa: E402
+
+__all__ = ["__version__", "Config", "ConfigError", "load_config", "Trainer", "prepare"]
+
+
+def __getattr__(name: str):
+    # Trainer pulls in torch.distributed; import it only when asked so `trainscale --help` stays fast.
+    if name in ("Trainer", "prepare"):
+        from .train import trainer
+        return getattr(trainer, name)
+    raise AttributeError(name)

@@ -1,0 +1,447 @@
+"""Configuration: one documented dataclass per section, TOML in, ``--section.field value`` overrides.
+
+Every field carries its documentation in ``metadata["doc"]``; options are typed with ``Literal`` and
+checked on construction, so a bad value fails at start with one line naming the field, the value
+given and what is accepted.
+
+Example::
+
+    cfg = load_config(["--model.name", "mlp", "--strategy.bucket_mb", "0"])
+    cfg.strategy.bucket_mb  # 0.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "ConfigError",
+    "JobConfig",
+    "ModelConfig",
+    "DataConfig",
+    "OptimConfig",
+    "StrategyConfig",
+    "CheckpointConfig",
+    "LogConfig",
+    "AblateConfig",
+    "PsConfig",
+    "Config",
+    "load_config",
+    "apply_overrides",
+    "config_to_dict",
+    "config_to_toml",
+    "describe_fields",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; its message is one line meant for the user."""
+
+    def __init__(self, key: str, value: Any, accepted: str):
+        self.key, self.value, self.accepted = key, value, accepted
+        super().__init__(f"{key} = {value!r}: {accepted}")
+
+
+def _f(default: Any, doc: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation attached."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kw)
+    return field(default=default, metadata={"doc": doc}, **kw)
+
+
+class _Section:
+    """Shared checks; each section calls them from ``__post_init__``."""
+
+    _name = ""
+
+    def _fail(self, fld: str, accepted: str) -> None:
+        raise ConfigError(f"{self._name}.{fld}", getattr(self, fld), accepted)
+
+    def _check_literals(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if typing.get_origin(hints[f.name]) is Literal and getattr(self, f.name) not in typing.get_args(hints[f.name]):
+                self._fail(f.name, "one of " + ", ".join(map(str, typing.get_args(hints[f.name]))))
+
+    def _at_least(self, fld: str, low: float, what: str = "") -> None:
+        value = getattr(self, fld)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+            self._fail(fld, f"must be a number >= {low:g}" + (f" ({what})" if what else ""))
+
+    def __post_init__(self) -> None:
+        self._check_literals()
+
+
+@dataclass
+class JobConfig(_Section):
+    """What the run is: length, device, process group."""
+
+    _name = "job"
+    steps: int = _f(300, "optimizer steps to run (across epochs; the loader restarts epochs as needed)")
+    seed: int = _f(0, "seed for model init, data order and every rank's RNG")
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
+    backend: Literal["auto", "gloo", "nccl"] = _f("auto", "process-group backend; auto: nccl on CUDA, gloo otherwise")
+    threads: int = _f(0, "intra-op threads per process; 0: this machine's cores / local processes")
+    timeout_s: float = _f(300.0, "collective timeout: a rank stuck this long in a collective fails instead of hanging")
+    eval_every: int = _f(0, "evaluate every N steps; 0: only at the end")
+    out: str = _f("", "folder for run artefacts (profile tables); empty: beside --json, or none")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("steps", 1, "optimizer steps")
+        self._at_least("threads", 0, "0 means automatic")
+        self._at_least("timeout_s", 1)
+        self._at_least("eval_every", 0)
+
+
+@dataclass
+class ModelConfig(_Section):
+    """Which network to train; see ``trainscale.models.available()``."""
+
+    _name = "model"
+    name: str = _f("mlp", "registry name (mlp, resnet18, resnet50, se_resnext50/101/152) or torchvision:NAME / timm:NAME")
+    width: int = _f(0, "base width (channels of the first stage, hidden units of mlp); 0: the model's default")
+    depth: int = _f(2, "hidden layers of mlp (ignored by the other models)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.name, str) or not self.name:
+            self._fail("name", "a model name, e.g. mlp or resnet18")
+        self._at_least("width", 0, "0 means the model's default")
+        self._at_least("depth", 1)
+
+
+@dataclass
+class DataConfig(_Section):
+    """Where samples come from and how they are batched."""
+
+    _name = "data"
+    name: str = _f("digits", "registry name: synthetic, digits (scikit-learn's handwritten digits)")
+    batch_size: int = _f(32, "samples per process per micro-step")
+    image_size: int = _f(32, "side of synthetic images (digits are 8x8)")
+    channels: int = _f(3, "channels of synthetic images")
+    num_classes: int = _f(10, "classes of synthetic data")
+    train_size: int = _f(2048, "samples in the synthetic training set")
+    eval_size: int = _f(500, "samples in the synthetic evaluation set")
+    workers: int = _f(0, "loader worker processes per rank; 0: load in the training process")
+    shuffle: bool = _f(True, "reshuffle the training set every epoch (same order on every world size)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for f in ("batch_size", "image_size", "channels", "num_classes", "train_size"):
+            self._at_least(f, 1)
+        self._at_least("eval_size", 0)
+        self._at_least("workers", 0)
+
+
+@dataclass
+class OptimConfig(_Section):
+    """Optimizer and learning-rate schedule."""
+
+    _name = "optim"
+    name: Literal["sgd", "adamw"] = _f("sgd", "optimizer")
+    lr: float = _f(0.05, "learning rate at optim.base_batch samples per step")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "weight decay")
+    lr_scaling: Literal["none", "linear"] = _f("none", "linear: lr x global batch / base_batch (Goyal et al. 2017)")
+    base_batch: int = _f(32, "global batch at which optim.lr applies (for lr_scaling linear)")
+    warmup_steps: int = _f(0, "steps of gradual warmup to the (scaled) rate")
+    schedule: Literal["constant", "cosine"] = _f("constant", "decay after warmup")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("lr", 0)
+        self._at_least("momentum", 0)
+        self._at_least("weight_decay", 0)
+        self._at_least("base_batch", 1)
+        self._at_least("warmup_steps", 0)
+
+
+@dataclass
+class StrategyConfig(_Section):
+    """How gradients are exchanged between processes."""
+
+    _name = "strategy"
+    name: Literal["ddp"] = _f("ddp", "ddp: synchronous data parallel, one process per device")
+    bucket_mb: float = _f(25.0, "fused all-reduce bucket size in MB; 0: one all-reduce per gradient tensor")
+    overlap: bool = _f(True, "true: all-reduce buckets as they become ready in backward; false: after backward")
+    grad_accum: int = _f(1, "micro-steps per optimizer step; gradients are exchanged on the last one only")
+    amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 uses a dynamic loss scaler and needs CUDA")
+    broadcast_buffers: bool = _f(True, "sync BatchNorm running stats from rank 0 every forward (DDP's default)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("bucket_mb", 0, "0 means one all-reduce per gradient tensor")
+        self._at_least("grad_accum", 1)
+
+
+@dataclass
+class CheckpointConfig(_Section):
+    """When and where checkpoints are written."""
+
+    _name = "checkpoint"
+    dir: str = _f("", "folder for checkpoints; empty: no checkpoints")
+    every: int = _f(0, "write every N steps; 0: only at the end (when checkpoint.dir is set)")
+    keep: int = _f(2, "how many recent step checkpoints to keep (last.pt is always kept)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("every", 0)
+        self._at_least("keep", 1)
+
+
+@dataclass
+class LogConfig(_Section):
+    """What is shown and measured."""
+
+    _name = "log"
+    every: int = _f(20, "fetch metrics from the device every N steps (no host sync on the others)")
+    skip_first: int = _f(3, "steps excluded from timing as warm-up")
+    level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
+    progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("every", 1)
+        self._at_least("skip_first", 0)
+
+
+@dataclass
+class AblateConfig(_Section):
+    """Controlled experiments for the doctor: remove one part of the step and keep the rest."""
+
+    _name = "ablate"
+    comm: bool = _f(False, "no gradient exchange: each rank steps on its own gradients")
+    data: bool = _f(False, "one batch made once and kept on the device: no loading")
+    compute: Literal["none", "sleep"] = _f("none", "sleep: each leaf module's work replaced by a sleep of its measured time")
+
+
+@dataclass
+class PsConfig(_Section):
+    """Parameter-server training on Ray (``trainscale ps``)."""
+
+    _name = "ps"
+    mode: Literal["sync", "k-sync", "k-batch-sync", "async", "k-async", "k-batch-async", "downpour"] = _f(
+        "sync", "synchronisation policy (seed 002; Dutta et al. 2018)")
+    learners: int = _f(2, "learner actors P")
+    k: int = _f(0, "K for the k-* modes (1 <= K <= P); 0: P // 2")
+    shards: int = _f(1, "parameter-server shards, parameters split across them balanced by size")
+    lr_rule: Literal["constant", "staleness", "distance"] = _f("constant", "learning rate against staleness")
+    lr: float = _f(0.05, "base learning rate of the server's optimizer")
+    lr_max: float = _f(0.1, "cap of the distance rule")
+    lr_c: float = _f(0.01, "C of the distance rule: lr = min(C / |w_now - w_then|^2, lr_max)")
+    delay: str = _f("none", "injected straggling: none | exp:MEAN | shifted-exp:SHIFT,MEAN | slow:RANK,FACTOR")
+    steps: int = _f(200, "server updates to run")
+    time_s: float = _f(0.0, "stop after this many seconds instead (0: use ps.steps)")
+    fetch_every: int = _f(1, "downpour: fetch parameters every N steps")
+    push_every: int = _f(1, "downpour: push accumulated gradients every N steps")
+    snapshot_every: int = _f(50, "server shards snapshot their state every N updates")
+    threads: int = _f(1, "intra-op threads of each learner process")
+    timeout_s: float = _f(60.0, "longest any wait may take before the run fails with a clear error")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for f in ("learners", "shards", "fetch_every", "push_every", "snapshot_every", "threads", "steps"):
+            self._at_least(f, 1)
+        self._at_least("k", 0)
+        self._at_least("time_s", 0)
+        self._at_least("timeout_s", 1)
+
+
+@dataclass
+class Config:
+    """The whole configuration of a run, one attribute per section."""
+
+    job: JobConfig = field(default_factory=JobConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    ablate: AblateConfig = field(default_factory=AblateConfig)
+    ps: PsConfig = field(default_factory=PsConfig)
+
+
+# ----------------------------------------------------------------------------------------- parsing
+
+
+def _literal_options(tp: Any) -> tuple[Any, ...]:
+    """The options a ``Literal`` (possibly inside a union) allows; empty when there is none."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return tuple(o for a in typing.get_args(tp) for o in _literal_options(a))
+    return ()
+
+
+def _coerce(key: str, raw: Any, tp: Any) -> Any:
+    """Convert ``raw`` (a CLI string or a TOML value) to the field type ``tp``, or raise ConfigError."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        for a in args:  # Literal options first so "auto" is not tried as a float
+            try:
+                return _coerce(key, raw, a)
+            except ConfigError:
+                continue
+        raise ConfigError(key, raw, "expected " + " or ".join(_type_name(a) for a in args))
+    if origin is Literal:
+        for opt in args:
+            if raw == opt or (isinstance(raw, str) and str(opt) == raw):
+                return opt
+        raise ConfigError(key, raw, "one of " + ", ".join(map(str, args)))
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return raw.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(key, raw, "expected true or false")
+    if tp is int:
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, "expected an integer")
+        if isinstance(raw, int):
+            return raw
+        try:
+            return int(str(raw), 0)
+        except ValueError:
+            raise ConfigError(key, raw, "expected an integer") from None
+    if tp is float:
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, "expected a number")
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(key, raw, "expected a number") from None
+    if tp is str:
+        if isinstance(raw, (dict, list)):
+            raise ConfigError(key, raw, "expected a string")
+        return str(raw)
+    raise ConfigError(key, raw, f"unsupported field type {tp!r}")
+
+
+def _type_name(tp: Any) -> str:
+    opts = _literal_options(tp)
+    return "/".join(map(str, opts)) if opts else getattr(tp, "__name__", str(tp))
+
+
+def _sections(cfg: Any) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def apply_overrides(cfg: Config, values: dict[str, Any]) -> Config:
+    """Return a new, validated Config with ``{"section.field": value}`` applied."""
+    merged: dict[str, dict[str, Any]] = {
+        name: {f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)} for name, sec in _sections(cfg).items()
+    }
+    for key, raw in values.items():
+        section, _, fname = key.partition(".")
+        if section not in merged:
+            raise ConfigError(key, raw, "unknown section; sections are " + ", ".join(merged))
+        sec_obj = getattr(cfg, section)
+        hints = typing.get_type_hints(type(sec_obj))
+        if fname not in merged[section]:
+            raise ConfigError(key, raw, f"unknown field of [{section}]; fields are " + ", ".join(merged[section]))
+        merged[section][fname] = _coerce(key, raw, hints[fname])
+    return Config(**{name: type(getattr(cfg, name))(**fields) for name, fields in merged.items()})
+
+
+def _flatten_toml(data: dict[str, Any], path: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for section, body in data.items():
+        if not isinstance(body, dict):
+            raise ConfigError(section, body, f"{path}: top-level keys must be [sections] such as [model]")
+        for fname, value in body.items():
+            flat[f"{section}.{fname}"] = value
+    return flat
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into ``{"section.field": value}``."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", str(path), "no such file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", str(path), f"not valid TOML ({e})") from None
+    return _flatten_toml(data, str(path))
+
+
+def parse_override_args(argv: list[str]) -> dict[str, str]:
+    """Turn ``["--model.name", "mlp", "--a.b=c"]`` into ``{"model.name": "mlp", "a.b": "c"}``."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError("argument", arg, "expected --section.field VALUE")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(argv):
+                raise ConfigError(arg[2:], None, "missing value")
+            key, value = arg[2:], argv[i + 1]
+            i += 2
+        out[key] = value
+    return out
+
+
+def load_config(argv: list[str] | None = None, config_file: str | None = None,
+                extra: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file, then ``--section.field value`` arguments, then ``extra``."""
+    values: dict[str, Any] = {}
+    if config_file:
+        values.update(read_toml(config_file))
+    values.update(parse_override_args(list(argv or [])))
+    values.update(extra or {})
+    return apply_overrides(Config(), values)
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict of the configuration (JSON and TOML friendly)."""
+    return {name: dataclasses.asdict(sec) for name, sec in _sections(cfg).items()}
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def config_to_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
+    """The resolved configuration as TOML, with each field's documentation as a comment."""
+    lines: list[str] = []
+    for name, sec in _sections(cfg).items():
+        if sections and name not in sections:
+            continue
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(sec):
+            lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}  # {f.metadata.get('doc', '')}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def describe_fields(sections: tuple[str, ...] | None = None) -> str:
+    """One line per field: ``--section.field (type, default): doc``; used by ``--help``."""
+    out = []
+    for name, sec in _sections(Config()).items():
+        if sections and name not in sections:
+            continue
+        hints = typing.get_type_hints(type(sec))
+        for f in dataclasses.fields(sec):
+            out.append(f"  --{name}.{f.name} ({_type_name(hints[f.name])}, default {getattr(sec, f.name)!r}): "
+                       f"{f.metadata.get('doc', '')}")
+    return "\n".join(out)

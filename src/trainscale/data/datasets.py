@@ -1,0 +1,112 @@
+"""Built-in datasets: uint8 images in memory as one tensor (no Python objects per sample)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from ..config import ConfigError, DataConfig
+
+__all__ = ["TensorImages", "DataInfo", "register_dataset", "build_datasets", "available_datasets"]
+
+
+class TensorImages(Dataset):
+    """Images ``[N, C, H, W]`` (uint8) and labels ``[N]`` (int64), fetched a batch at a time."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels = images.contiguous(), labels.long().contiguous()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i], self.labels[i]
+
+    def __getitems__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        # DataLoader calls this with a whole batch of indices: one gather instead of N Python calls.
+        t = torch.as_tensor(idx, dtype=torch.long)
+        return self.images[t], self.labels[t]
+
+
+@dataclass
+class DataInfo:
+    """What a model and the device-side normalisation need to know about the data."""
+
+    in_shape: tuple[int, ...]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+Factory = Callable[[DataConfig], tuple[Dataset, Dataset, DataInfo]]
+_DATASETS: dict[str, Factory] = {}
+
+
+def register_dataset(name: str) -> Callable[[Factory], Factory]:
+    """Decorator adding a dataset factory ``cfg -> (train, eval, info)``."""
+
+    def deco(fn: Factory) -> Factory:
+        _DATASETS[name] = fn
+        return fn
+
+    return deco
+
+
+def available_datasets() -> list[str]:
+    """Registered dataset names."""
+    return sorted(_DATASETS)
+
+
+def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
+    """The training set, the evaluation set and their description."""
+    if cfg.name not in _DATASETS:
+        raise ConfigError("data.name", cfg.name, "one of " + ", ".join(available_datasets()))
+    return _DATASETS[cfg.name](cfg)
+
+
+def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    x = images.float()
+    mean = x.mean(dim=(0, 2, 3))
+    std = x.std(dim=(0, 2, 3)).clamp_min(1.0)
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
+@register_dataset("synthetic")
+def synthetic(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
+    """Deterministic uint8 images: a fixed pattern per class plus noise, so a model can learn them."""
+    g = torch.Generator().manual_seed(1234)
+    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    templates = torch.randint(0, 256, (cfg.num_classes, *shape), generator=g, dtype=torch.uint8)
+
+    def make(n: int) -> TensorImages:
+        labels = torch.randint(0, cfg.num_classes, (n,), generator=g)
+        noise = torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8)
+        images = (templates[labels].to(torch.int16) * 3 + noise.to(torch.int16)) // 4
+        return TensorImages(images.to(torch.uint8), labels)
+
+    train, evals = make(cfg.train_size), make(cfg.eval_size)
+    mean, std = _channel_stats(train.images)
+    return train, evals, DataInfo(shape, cfg.num_classes, mean, std)
+
+
+@register_dataset("digits")
+def digits(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
+    """scikit-learn's 1,797 handwritten digits (8x8, 10 classes): 1,500 to train, 297 to evaluate."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ConfigError("data.name", "digits", "needs scikit-learn (pip install scikit-learn)") from None
+    d = load_digits()
+    images = torch.from_numpy((d.images * 16).clip(0, 255)).to(torch.uint8).unsqueeze(1)
+    labels = torch.from_numpy(d.target).long()
+    # A fixed split, independent of the job's seed, so evaluation numbers stay comparable.
+    perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
+    tr, ev = perm[:1500], perm[1500:]
+    mean, std = _channel_stats(images[tr])
+    return (TensorImages(images[tr], labels[tr]), TensorImages(images[ev], labels[ev]),
+            DataInfo((1, 8, 8), 10, mean, std))

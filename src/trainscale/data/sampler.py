@@ -1,0 +1,56 @@
+"""Sharded, resumable sampling: every rank a disjoint slice of one permutation per epoch."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["ShardedSampler", "eval_indices"]
+
+
+class ShardedSampler(Sampler[int]):
+    """Rank ``r`` of ``P`` takes positions ``r, r+P, r+2P, ...`` of the epoch's permutation.
+
+    The permutation depends only on ``seed`` and the epoch, not on the world size, so a run on P
+    processes with batch B visits the same samples per step as one process with batch P*B.
+    When ``len(dataset)`` does not divide by P, the permutation is padded by repeating its first
+    samples so all ranks take the same number of steps (the padded samples are seen twice in that
+    epoch; every other sample exactly once across ranks). ``start`` skips that many of this rank's
+    samples in the current epoch, for resuming mid-epoch.
+    """
+
+    def __init__(self, n: int, rank: int = 0, world: int = 1, shuffle: bool = True, seed: int = 0):
+        if n < 1:
+            raise ValueError("cannot sample from an empty dataset")
+        self.n, self.rank, self.world, self.shuffle, self.seed = n, rank, world, shuffle, seed
+        self.epoch, self.start = 0, 0
+        self.per_rank = math.ceil(n / world)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Choose the epoch's permutation and where in this rank's shard to begin."""
+        self.epoch, self.start = epoch, start
+
+    def shard(self) -> torch.Tensor:
+        """This rank's indices for the current epoch (padding included, ``start`` not applied)."""
+        if self.shuffle:
+            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            perm = torch.arange(self.n)
+        total = self.per_rank * self.world
+        if total > self.n:
+            perm = torch.cat([perm, perm[: total - self.n].repeat(math.ceil((total - self.n) / self.n))[: total - self.n]])
+        return perm[self.rank:total:self.world]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.shard()[self.start:].tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+
+def eval_indices(n: int, rank: int, world: int) -> list[int]:
+    """Evaluation shard: rank r takes r, r+P, ... with no padding, so no sample is counted twice."""
+    return list(range(rank, n, world))

@@ -1,0 +1,63 @@
+"""Model registry: name → builder(in_shape, num_classes, width, depth) → nn.Module.
+
+Example::
+
+    model = build_model("resnet18", in_shape=(3, 32, 32), num_classes=10, width=16)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from torch import nn
+
+from ..config import ConfigError
+
+__all__ = ["register", "build_model", "available", "count_tensors"]
+
+Builder = Callable[..., nn.Module]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a builder under ``name``."""
+
+    def deco(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def available() -> list[str]:
+    """Registered model names (plus torchvision:/timm: prefixes when those packages are installed)."""
+    names = sorted(_REGISTRY)
+    names += [f"{pkg}:NAME" for pkg in ("torchvision", "timm") if importlib.util.find_spec(pkg)]
+    return names
+
+
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, width: int = 0, depth: int = 2) -> nn.Module:
+    """Build a registered model, or ``torchvision:NAME`` / ``timm:NAME`` when that package is installed."""
+    if ":" in name:
+        pkg, _, sub = name.partition(":")
+        if pkg not in ("torchvision", "timm"):
+            raise ConfigError("model.name", name, "prefix must be torchvision: or timm:")
+        if importlib.util.find_spec(pkg) is None:
+            raise ConfigError("model.name", name, f"{pkg} is not installed (pip install {pkg})")
+        if pkg == "timm":
+            import timm
+            return timm.create_model(sub, pretrained=False, num_classes=num_classes, in_chans=in_shape[0])
+        import torchvision.models as tvm
+        return tvm.get_model(sub, weights=None, num_classes=num_classes)
+    if name not in _REGISTRY:
+        raise ConfigError("model.name", name, "one of " + ", ".join(available()))
+    return _REGISTRY[name](in_shape=tuple(in_shape), num_classes=num_classes, width=width, depth=depth)
+
+
+def count_tensors(model: nn.Module) -> int:
+    """Trainable parameter tensors (each is one all-reduce without fusion)."""
+    return sum(1 for p in model.parameters() if p.requires_grad)
+
+
+from . import mlp, resnet  # noqa: E402,F401  (register the built-in models)
