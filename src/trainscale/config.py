@@ -219,7 +219,6 @@ class AblateConfig(_Section):
     _name = "ablate"
     comm: bool = _f(False, "no gradient exchange: each rank steps on its own gradients")
     data: bool = _f(False, "one batch made once and kept on the device: no loading")
-    compute: Literal["none", "sleep"] = _f("none", "sleep: each leaf module's work replaced by a sleep of its measured time")
 
 
 @dataclass

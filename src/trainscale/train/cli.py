@@ -1,0 +1,122 @@
+"""``trainscale train``: parse the configuration, check it, then train here or launch N processes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import Config, ConfigError, config_to_toml, describe_fields, load_config
+
+__all__ = ["main", "parse"]
+
+SHORT = {"model": "model.name", "data": "data.name", "steps": "job.steps", "batch_size": "data.batch_size"}
+
+EPILOG = """Any configuration field can be set as --section.field VALUE (after --config FILE, which it overrides):
+{fields}
+
+examples:
+  trainscale train --nproc 2                                  # the embedded default: mlp on digits, 2 processes
+  trainscale train --nproc 2 --model resnet18 --model.width 16 --data synthetic --steps 50
+  trainscale train --nproc 2 --strategy.bucket_mb 0 --strategy.overlap false --json run.json
+  trainscale launch --nproc-per-node 4 -m trainscale train --config job.toml   # under an existing launcher
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainscale train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a model with synchronous data parallelism (DDP, one process per device).",
+        epilog=EPILOG.format(fields=describe_fields(("job", "model", "data", "optim", "strategy", "checkpoint",
+                                                    "log", "ablate"))))
+    p.add_argument("--config", metavar="FILE", help="TOML file with [section] tables")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="launch N processes on this machine (ignored when already started by a launcher)")
+    p.add_argument("--model", help="model name (model.name)")
+    p.add_argument("--data", help="dataset name (data.name)")
+    p.add_argument("--steps", help="optimizer steps (job.steps)")
+    p.add_argument("--batch-size", dest="batch_size", help="samples per process per micro-step (data.batch_size)")
+    p.add_argument("--json", metavar="PATH", help="write the run summary as one JSON object")
+    p.add_argument("--resume", metavar="PATH", help="continue from a checkpoint file (or a folder with last.pt)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved configuration as TOML and exit")
+    return p
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
+    """Split short options from ``--section.field`` overrides and build the validated Config."""
+    args, rest = _parser().parse_known_args(argv)
+    extra = {key: getattr(args, short) for short, key in SHORT.items() if getattr(args, short) is not None}
+    cfg = load_config(rest, args.config, extra)
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError("--nproc", args.nproc, "must be >= 1")
+    if args.resume and Path(args.resume).is_dir():
+        args.resume = str(Path(args.resume) / "last.pt")
+    return args, cfg
+
+
+def preflight(args: argparse.Namespace, cfg: Config) -> None:
+    """Checks that need this machine (device, amp, checkpoint), made once before any rank starts."""
+    from ..dist.env import resolve_backend, resolve_device
+    from ..strategies import check_amp
+    from .checkpoint import load_checkpoint
+
+    device = resolve_device(cfg.job.device)
+    resolve_backend(cfg.job.backend, device)
+    check_amp(cfg.strategy.amp, device)
+    if args.resume:
+        load_checkpoint(args.resume)
+    if args.json and Path(args.json).is_dir():
+        raise ConfigError("--json", args.json, "is a folder; give a file path for the summary")
+
+
+def _strip_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Entry of ``trainscale train``."""
+    from ..dist.env import is_launched
+
+    args, cfg = parse(argv)
+    if args.print_config:
+        print(config_to_toml(cfg))
+        return 0
+    if not is_launched():
+        preflight(args, cfg)
+    if args.nproc and args.nproc > 1 and not is_launched():
+        from ..dist.launcher import LaunchFailed, LaunchSpec, launch
+
+        spec = LaunchSpec(script="trainscale", module=True, args=["train", *_strip_nproc(argv)],
+                          nproc_per_node=args.nproc, threads=cfg.job.threads, print_table=False)
+        try:
+            launch(spec)
+        except LaunchFailed as e:
+            print(f"trainscale train: {e}", file=sys.stderr)
+            return 1
+        return 0
+    return _run_rank(args, cfg)
+
+
+def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from ..dist import shutdown
+    from .trainer import Trainer
+
+    @record  # a failing rank's traceback reaches torchrun, which ends the other ranks and reports it
+    def run() -> None:
+        try:
+            Trainer(cfg, resume=args.resume, json_path=args.json).fit()
+        finally:
+            shutdown()
+
+    run()
+    return 0

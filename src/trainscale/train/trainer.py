@@ -1,0 +1,261 @@
+"""The training loop: one process per device, synchronous data parallelism, exact evaluation.
+
+Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``trainscale train`` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..config import Config, config_to_dict
+from ..data import DataInfo, TrainLoader, build_datasets, eval_batches
+from ..dist import DistEnv, gather_env_rows, init_distributed
+from ..dist.table import print_env_table
+from ..log import logger, setup_logging
+from ..models import build_model
+from ..strategies import Prepared, allreduce_after_backward, apply_strategy, bucket_count
+from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from .evaluate import evaluate
+from .progress import ProgressView
+from .schedule import lr_at
+from .summary import median_spread, print_summary, write_summary
+
+__all__ = ["Trainer", "prepare", "build_optimizer"]
+
+
+def build_optimizer(params: Any, cfg: Config) -> torch.optim.Optimizer:
+    """The optimizer named by ``optim.name`` (its rate is set every step by the schedule)."""
+    o = cfg.optim
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+
+
+def prepare(model: nn.Module, cfg: Config | None = None) -> tuple[nn.Module, DistEnv]:
+    """Join the process group and wrap a user's model with the configured strategy.
+
+    For a user's own loop::
+
+        model, env = trainscale.prepare(MyNet())
+        # ... forward/backward/step as usual; gradients are averaged across ranks by DDP
+    """
+    cfg = cfg or Config()
+    env = init_distributed(cfg.job)
+    return apply_strategy(model, env, cfg.strategy).model, env
+
+
+def _infer_info(ds: Dataset) -> DataInfo:
+    x, _ = ds[0]
+    labels = getattr(ds, "labels", None)
+    classes = int(labels.max()) + 1 if torch.is_tensor(labels) else 10
+    c = x.shape[0] if x.dim() >= 3 else 1
+    return DataInfo(tuple(x.shape), classes, (0.0,) * c, (1.0,) * c)
+
+
+class Trainer:
+    """Train ``cfg.model`` (or ``model``) on ``cfg.data`` (or ``train_data``) with the configured strategy."""
+
+    def __init__(self, cfg: Config | None = None, model: nn.Module | None = None,
+                 train_data: Dataset | None = None, eval_data: Dataset | None = None,
+                 data_info: DataInfo | None = None, resume: str | None = None, json_path: str | None = None):
+        self.cfg = cfg or Config()
+        self.user_model, self.train_data, self.eval_data, self.info = model, train_data, eval_data, data_info
+        self.resume, self.json_path = resume, json_path
+
+    # ------------------------------------------------------------------------------------ set-up
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        setup_logging(cfg.log.level)
+        self.env = env = init_distributed(cfg.job)
+        torch.manual_seed(cfg.job.seed)  # same init on every rank (DDP also broadcasts rank 0's)
+        if self.train_data is None:
+            self.train_data, self.eval_data, self.info = build_datasets(cfg.data)
+        self.info = self.info or _infer_info(self.train_data)
+        model = self.user_model or build_model(cfg.model.name, self.info.in_shape, self.info.num_classes,
+                                               cfg.model.width, cfg.model.depth)
+        state = load_checkpoint(self.resume) if self.resume else None
+        if state is not None:
+            model.load_state_dict(state["model"])
+        self.p: Prepared = apply_strategy(model, env, cfg.strategy)
+        self.opt = build_optimizer(self.p.module.parameters(), cfg)
+        self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
+        self.loader = TrainLoader(self.train_data, self.info, env.device, cfg.data.batch_size, env.rank,
+                                  env.world_size, cfg.data.workers, cfg.data.shuffle, cfg.job.seed)
+        self.step = 0
+        if state is not None:
+            self._restore(state)
+        # Each rank its own stream of randomness (dropout, augmentation), reproducible from the seed.
+        if state is None:
+            torch.manual_seed(cfg.job.seed * 1000 + env.rank)
+            random.seed(cfg.job.seed * 1000 + env.rank)
+            np.random.seed(cfg.job.seed * 1000 + env.rank)
+        rows = gather_env_rows(env)
+        if env.is_main and not os.environ.get("TRAINSCALE_TABLE_PRINTED"):
+            print_env_table(rows, world=str(env.world_size), nodes=str(env.nnodes), master=env.master,
+                            backend=env.backend)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.p.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        if state.get("world_size") != self.env.world_size:
+            logger.warning(f"resuming a {state.get('world_size')}-process checkpoint on {self.env.world_size} "
+                           "processes: the data order will differ from the original run")
+        self.loader.load_state_dict(state["loader"])
+        rngs = state.get("rng") or []
+        if self.env.rank < len(rngs):
+            set_rng_state(rngs[self.env.rank])
+        logger.info(f"resumed from {self.resume} at step {self.step}")
+
+    # ------------------------------------------------------------------------------------ step
+
+    def _train_step(self) -> tuple[torch.Tensor, float, int]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, data wait s, all-reduce calls)."""
+        cfg, p = self.cfg, self.p
+        s, ab = cfg.strategy, cfg.ablate
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(self.step, cfg.optim, self.global_batch, cfg.job.steps)
+        wait, loss_sum = 0.0, None
+        for micro in range(s.grad_accum):
+            t0 = time.perf_counter()
+            if ab.data:
+                if self._fixed_batch is None:
+                    self._fixed_batch = next(self.loader)
+                x, y = self._fixed_batch
+            else:
+                x, y = next(self.loader)
+            wait += time.perf_counter() - t0
+            # DDP exchanges gradients in backward only on the last micro-step, and only with overlap on.
+            sync = micro == s.grad_accum - 1 and s.overlap and not ab.comm
+            with (contextlib.nullcontext() if sync else p.model.no_sync()):
+                with p.autocast():
+                    loss = nn.functional.cross_entropy(p.model(x).float(), y) / s.grad_accum
+                p.scaler.scale(loss).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        calls = 0
+        if p.post_backward and not ab.comm:
+            calls = allreduce_after_backward(p.post_backward, self.env.world_size)
+        p.scaler.step(self.opt)
+        p.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        return loss_sum, wait, calls  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------ loop
+
+    def fit(self) -> dict[str, Any]:
+        """Run to ``job.steps``, evaluate, checkpoint, and return (and write) the run summary."""
+        t_start = time.perf_counter()
+        self._setup()
+        cfg, env = self.cfg, self.env
+        self._fixed_batch = None
+        start_step = self.step
+        view = ProgressView(cfg.job.steps, cfg.log.progress, env.is_main, start=start_step)
+        step_times, waits, calls = [], [], 0
+        loss_first = loss_last = None
+        window_loss = torch.zeros((), device=env.device)
+        window_n, window_t0 = 0, time.perf_counter()
+        t_prev = time.perf_counter()
+        try:
+            while self.step < cfg.job.steps:
+                loss, wait, post_calls = self._train_step()
+                self.step += 1
+                now = time.perf_counter()
+                if self.step - start_step > cfg.log.skip_first:
+                    step_times.append(now - t_prev)
+                    waits.append(wait)
+                t_prev = now
+                if loss_first is None:
+                    loss_first = loss.clone()
+                loss_last = loss
+                window_loss += loss
+                window_n += 1
+                if self.step == start_step + 2:  # DDP has rebuilt its buckets after the first step
+                    calls = post_calls or (0 if cfg.ablate.comm else bucket_count(self.p.model))
+                if self.step % cfg.log.every == 0 or self.step == cfg.job.steps:
+                    # The only host sync of the loop: metrics leave the device every log.every steps.
+                    mean_loss = (window_loss / window_n).item()
+                    elapsed = time.perf_counter() - window_t0
+                    view.update(self.step, mean_loss, window_n * self.global_batch / max(elapsed, 1e-9))
+                    window_loss.zero_()
+                    window_n, window_t0 = 0, time.perf_counter()
+                    t_prev = window_t0
+                if cfg.job.eval_every and self.step % cfg.job.eval_every == 0 and self.step < cfg.job.steps:
+                    self._evaluate(view)
+                if cfg.checkpoint.dir and cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self._checkpoint()
+        finally:
+            view.close()
+        if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
+            calls = bucket_count(self.p.model) if not self.p.post_backward else len(self.p.post_backward)
+        eval_loss, eval_acc, eval_n = self._evaluate(None)
+        if cfg.checkpoint.dir:
+            self._checkpoint(final=True)
+        summary = self._summary(step_times, waits, calls, loss_first, loss_last, eval_loss, eval_acc, eval_n,
+                                time.perf_counter() - t_start)
+        if env.is_main:
+            if self.json_path:
+                write_summary(self.json_path, summary)
+            if cfg.log.progress != "none":
+                print_summary(summary)
+        return summary
+
+    def _evaluate(self, view: ProgressView | None) -> tuple[float, float, int]:
+        if self.eval_data is None or len(self.eval_data) == 0:
+            return float("nan"), float("nan"), 0
+        batches = eval_batches(self.eval_data, self.info, self.env.device, self.cfg.data.batch_size,
+                               self.env.rank, self.env.world_size)
+        loss, acc, n = evaluate(self.p.module, batches, self.env.device, self.p.autocast)
+        logger.info(f"eval at step {self.step}: loss {loss:.4f}  accuracy {acc:.4f}  ({n} samples)")
+        return loss, acc, n
+
+    def _checkpoint(self, final: bool = False) -> None:
+        ck = self.cfg.checkpoint
+        state = {"model": self.p.module.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scaler": self.p.scaler.state_dict(), "step": self.step, "loader": self.loader.state_dict(),
+                 "world_size": self.env.world_size, "config": config_to_dict(self.cfg)}
+        folder = Path(ck.dir)
+        path = folder / ("last.pt" if final else f"step_{self.step}.pt")
+        save_checkpoint(path, state, self.env.rank, self.env.world_size)
+        if self.env.is_main and not final:
+            old = sorted(folder.glob("step_*.pt"), key=lambda q: int(q.stem.split("_")[1]))
+            for q in old[:-ck.keep]:
+                q.unlink(missing_ok=True)
+            logger.debug(f"checkpoint written: {path}")
+
+    def _summary(self, step_times: list[float], waits: list[float], calls: int, loss_first: Any, loss_last: Any,
+                 eval_loss: float, eval_acc: float, eval_n: int, wall: float) -> dict[str, Any]:
+        cfg, env = self.cfg, self.env
+        losses = torch.stack([loss_first, loss_last]).float() if loss_first is not None else \
+            torch.full((2,), float("nan"), device=env.device)
+        dist.all_reduce(losses)  # the loss over the global batch, not rank 0's share
+        losses /= env.world_size
+        med, spread = median_spread(step_times)
+        total_t = sum(step_times)
+        return {
+            "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
+            "model": cfg.model.name if self.user_model is None else type(self.user_model).__name__,
+            "data": cfg.data.name if self.info is not None else "user", "batch_size": cfg.data.batch_size,
+            "grad_accum": cfg.strategy.grad_accum, "global_batch": self.global_batch, "steps": self.step,
+            "measured_steps": len(step_times),
+            "samples_per_s": len(step_times) * self.global_batch / total_t if total_t else float("nan"),
+            "step_time_s": med, "step_time_spread": spread,
+            "data_wait_frac": (sum(waits) / total_t) if total_t else float("nan"),
+            "loss_first": losses[0].item(), "loss_last": losses[1].item(),
+            "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
+            "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
+            "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
+            "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data},
+            "wall_s": wall, "config": config_to_dict(cfg),
+        }

@@ -1,0 +1,48 @@
+"""Shared test helpers: run the CLI exactly as a user does, in a subprocess with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = None, cwd: Path | None = None) -> Result:
+    """Run ``trainscale ARGS`` as a subprocess; a hang fails the test instead of stalling the suite."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("RANK", None)  # never inherit a launcher's identity
+    p = subprocess.run([sys.executable, "-m", "trainscale", *args], capture_output=True, text=True, timeout=timeout,
+                       env=full_env, cwd=cwd or REPO)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+# Tiny and fast defaults for training runs in tests.
+FAST = ["--log.progress", "lines", "--log.every", "5", "--log.skip_first", "1"]
