@@ -169,16 +169,45 @@ class StrategyConfig(_Section):
 
     _name = "strategy"
     name: Literal["ddp"] = _f("ddp", "ddp: synchronous data parallel, one process per device")
-    bucket_mb: float = _f(25.0, "fused all-reduce bucket size in MB; 0: one all-reduce per gradient tensor")
+    bucket_mb: float | Literal["auto"] = _f(
+        25.0, "fused all-reduce bucket size in MB; 0: one all-reduce per gradient tensor; auto: try "
+        "strategy.bucket_candidates on the first steps and keep the fastest")
     overlap: bool = _f(True, "true: all-reduce buckets as they become ready in backward; false: after backward")
     grad_accum: int = _f(1, "micro-steps per optimizer step; gradients are exchanged on the last one only")
     amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 uses a dynamic loss scaler and needs CUDA")
     broadcast_buffers: bool = _f(True, "sync BatchNorm running stats from rank 0 every forward (DDP's default)")
+    hierarchical: bool = _f(False, "all-reduce in two levels: reduce-scatter inside each node, all-reduce across "
+                            "nodes, all-gather inside each node")
+    local_size: int = _f(0, "processes per node for hierarchical; 0: the launcher's LOCAL_WORLD_SIZE")
+    compression: Literal["none", "fp16", "bf16", "powersgd"] = _f(
+        "none", "gradient compression on the wire (PyTorch's DDP comm hooks)")
+    powersgd_rank: int = _f(1, "rank of PowerSGD's low-rank approximation")
+    powersgd_warmup: int = _f(10, "steps of plain all-reduce before PowerSGD starts (at least 2)")
+    comm_groups: int = _f(1, "process groups the buckets are spread over, so their all-reduces run concurrently")
+    local_sgd_period: int = _f(0, "local SGD: average parameters every H steps, no gradient exchange between; 0: off")
+    local_sgd_warmup: int = _f(0, "synchronous steps before local SGD starts")
+    shard_optimizer: bool = _f(False, "shard optimizer state across ranks (ZeroRedundancyOptimizer)")
+    bucket_candidates: str = _f("1,4,16,64", "bucket sizes in MB that bucket_mb auto tries")
+    autotune_steps: int = _f(3, "timed steps per bucket size tried by bucket_mb auto (after 2 warm-up steps)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._at_least("bucket_mb", 0, "0 means one all-reduce per gradient tensor")
+        if self.bucket_mb != "auto":
+            self._at_least("bucket_mb", 0, "0 means one all-reduce per gradient tensor, or auto")
         self._at_least("grad_accum", 1)
+        self._at_least("local_size", 0, "0 means the launcher's LOCAL_WORLD_SIZE")
+        self._at_least("powersgd_rank", 1, "the rank of the low-rank approximation")
+        self._at_least("powersgd_warmup", 2, "DDP rebuilds its buckets after the first step")
+        self._at_least("comm_groups", 1)
+        self._at_least("local_sgd_period", 0, "0 means off")
+        self._at_least("local_sgd_warmup", 0)
+        self._at_least("autotune_steps", 1)
+        try:
+            cands = [float(c) for c in str(self.bucket_candidates).split(",")]
+        except ValueError:
+            cands = []
+        if not cands or min(cands) < 0:
+            self._fail("bucket_candidates", "comma-separated sizes in MB >= 0, e.g. 1,4,16,64")
 
 
 @dataclass

@@ -24,7 +24,9 @@ from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
 from ..log import logger, setup_logging
 from ..models import build_model
-from ..strategies import Prepared, allreduce_after_backward, apply_strategy, bucket_count
+from ..strategies import (Prepared, allreduce_after_backward, apply_strategy, apply_zero, bucket_count,
+                          optimizer_state_dict)
+from ..strategies.report import strategy_summary
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .evaluate import evaluate
 from .progress import ProgressView
@@ -90,6 +92,8 @@ class Trainer:
             model.load_state_dict(state["model"])
         self.p: Prepared = apply_strategy(model, env, cfg.strategy)
         self.opt = build_optimizer(self.p.module.parameters(), cfg)
+        if cfg.strategy.shard_optimizer:
+            self.opt = apply_zero(self.opt)
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
         self.loader = TrainLoader(self.train_data, self.info, env.device, cfg.data.batch_size, env.rank,
                                   env.world_size, cfg.data.workers, cfg.data.shuffle, cfg.job.seed)
@@ -143,13 +147,20 @@ class Trainer:
                 with p.autocast():
                     loss = nn.functional.cross_entropy(p.model(x).float(), y) / s.grad_accum
                 p.scaler.scale(loss).backward()
+            if sync:
+                p.meter.backward_done()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         calls = 0
         if p.post_backward and not ab.comm:
+            t0 = time.perf_counter()
             calls = allreduce_after_backward(p.post_backward, self.env.world_size)
+            p.meter.exposed(time.perf_counter() - t0)
         p.scaler.step(self.opt)
         p.scaler.update()
+        if p.post_step is not None and not ab.comm:
+            p.post_step()  # local SGD's model averaging: needs the grads (it averages only trained parameters)
         self.opt.zero_grad(set_to_none=True)
+        p.meter.end_step()
         return loss_sum, wait, calls  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------------------ loop
@@ -171,6 +182,8 @@ class Trainer:
             while self.step < cfg.job.steps:
                 loss, wait, post_calls = self._train_step()
                 self.step += 1
+                if self.p.tuner is not None and self.p.tuner.active:
+                    self.p.tuner.after_step()  # bucket_mb auto: may re-wrap the model in a new DDP
                 now = time.perf_counter()
                 if self.step - start_step > cfg.log.skip_first:
                     step_times.append(now - t_prev)
@@ -222,7 +235,7 @@ class Trainer:
 
     def _checkpoint(self, final: bool = False) -> None:
         ck = self.cfg.checkpoint
-        state = {"model": self.p.module.state_dict(), "optimizer": self.opt.state_dict(),
+        state = {"model": self.p.module.state_dict(), "optimizer": optimizer_state_dict(self.opt, self.env.rank),
                  "scaler": self.p.scaler.state_dict(), "step": self.step, "loader": self.loader.state_dict(),
                  "world_size": self.env.world_size, "config": config_to_dict(self.cfg)}
         folder = Path(ck.dir)
@@ -258,4 +271,5 @@ class Trainer:
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
             "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data},
             "wall_s": wall, "config": config_to_dict(cfg),
+            **strategy_summary(self.p, self.opt, cfg, calls),  # comm bytes/wait, optimizer memory, autotune
         }
