@@ -1,6 +1,7 @@
 """``trainscale launch`` runs an ordinary torchrun script unchanged, and prints the environment table."""
 
 import json
+import os
 
 import pytest
 
@@ -45,9 +46,13 @@ def test_launch_runs_a_plain_torchrun_script(tmp_path):
 
 @pytest.mark.dist
 @pytest.mark.timeout(60)
-def test_threads_flag_reaches_the_ranks(tmp_path):
+def test_threads_default_to_cores_per_process_and_can_be_set(tmp_path):
     script = tmp_path / "plain_ddp.py"
     script.write_text(TORCHRUN_SCRIPT)
-    r = run_cli(["launch", "--nproc-per-node", "2", "--threads", "3", str(script), str(tmp_path)], timeout=50)
+    cores = len(os.sched_getaffinity(0))
+    r = run_cli(["launch", "--nproc-per-node", "1", str(script), str(tmp_path)], timeout=50)
     assert r.rc == 0, r.text
-    assert [json.loads((tmp_path / f"rank{i}.json").read_text())["threads"] for i in range(2)] == [3, 3]
+    assert json.loads((tmp_path / "rank0.json").read_text())["threads"] == cores   # not a silent 1
+    r = run_cli(["launch", "--nproc-per-node", "1", "--threads", "1", str(script), str(tmp_path)], timeout=50)
+    assert r.rc == 0, r.text
+    assert json.loads((tmp_path / "rank0.json").read_text())["threads"] == 1
