@@ -62,7 +62,7 @@ class LaunchSpec:
         return int(self.nnodes.split(":")[-1])
 
     def torchrun_argv(self) -> list[str]:
-        """The equivalent torchrun command line (what a user could type by hand)."""
+        """torchrun's options and the script (its arguments are attached after parsing, see ``launch``)."""
         argv = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}",
                 f"--max-restarts={self.max_restarts}"]
         if self.rdzv_endpoint:
@@ -74,7 +74,7 @@ class LaunchSpec:
             argv.append("--standalone")  # one node: torchrun picks a free port itself
         if self.module:
             argv.append("-m")
-        return argv + [self.script, *self.args]
+        return argv + [self.script]
 
 
 def launch(spec: LaunchSpec) -> None:
@@ -90,8 +90,12 @@ def launch(spec: LaunchSpec) -> None:
         os.environ["TRAINSCALE_TABLE_PRINTED"] = "1"  # the ranks need not print it again
         print_env_table(_expected_rows(spec, threads), world=_world_text(spec), nodes=spec.nnodes,
                         master=_master_text(spec), backend=_expected_backend())
+    args = parse_args(spec.torchrun_argv())
+    # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
+    # abbreviation of its own --nproc-per-node.
+    args.training_script_args = list(spec.args)
     try:
-        run(parse_args(spec.torchrun_argv()))
+        run(args)
     except ChildFailedError as e:
         raise LaunchFailed(_failure_text(e)) from None
 
