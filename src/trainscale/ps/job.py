@@ -98,7 +98,7 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
         actors.grow(ps.learners)
         if not actors.fits(ps.learners, ps.shards):
             raise ConfigError("ps.shards", ps.shards, f"these actors have only {len(actors.shards)} shards")
-    view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
+    view: Any = None
     try:
         learners, shards = actors.learners[:ps.learners], actors.shards[:ps.shards]
         images = ray.put(plan.train.images.numpy())
@@ -114,6 +114,8 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
         startup_s = ps.timeout_s + 20.0 * ps.learners
         _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s, "server shards")
         _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")
+
+        view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
 
         def hook(update: int, driver: Any) -> None:
             view.update(update, _describe(update, driver))
@@ -139,7 +141,8 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
         curve = [{"update": u, "t": round(t, 6), "accuracy": accuracy(refs)} for u, t, refs in rec.eval_points]
         return summarize(ps, plan.k, rec, accuracy(final), curve)
     finally:
-        view.close()
+        if view is not None:
+            view.close()
         if own:
             actors.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,7 +32,9 @@ class Learner:
 
         torch.set_num_threads(max(1, threads))
         self.id, self.torch = learner_id, torch
-        self.reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():  # Ray's property warns about an internal call of its own
+            warnings.simplefilter("ignore")
+            self.reconstructed = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner{learner_id}")
         self.ready, self.stopping = False, False
 
@@ -72,7 +75,7 @@ class Learner:
         loss = torch.nn.functional.cross_entropy(self.model(x), self.labels[idx])
         loss.backward()
         grads = [p.grad.detach().numpy() for p in self.params]
-        return float(loss), self.layout.split(grads)
+        return loss.item(), self.layout.split(grads)
 
     async def _step(self, slices: list[np.ndarray]) -> tuple[float, list[np.ndarray], float]:
         if not self.ready:
