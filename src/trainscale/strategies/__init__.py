@@ -36,6 +36,7 @@ class Prepared:
     post_backward: list[list[nn.Parameter]] = field(default_factory=list)
     meter: CommMeter = field(default_factory=CommMeter)
     post_step: Callable[[], None] | None = None  # after optimizer.step, before zero_grad (model averaging)
+    post_train: Callable[[], None] | None = None  # after the last step, before evaluation and checkpoint
     tuner: BucketTuner | None = None
     hook_state: Any = None
 
@@ -53,9 +54,10 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Prepa
     candidates = distinct_candidates(params, [float(c) for c in cfg.bucket_candidates.split(",")]) \
         if cfg.bucket_mb == "auto" else [float(cfg.bucket_mb)]
     ddp = apply_ddp(model, env, cfg, candidates[0])
+    averaging = apply_local_sgd(model, env.world_size, cfg, meter)
     p = Prepared(model=ddp, module=model, autocast=autocast, scaler=scaler, meter=meter,
-                 hook_state=hooks.register(ddp) if hooks else None,
-                 post_step=apply_local_sgd(model, env.world_size, cfg, meter))
+                 hook_state=hooks.register(ddp) if hooks else None, post_step=averaging,
+                 post_train=averaging.finish if averaging else None)
     # Without overlap, the gradients are exchanged by the trainer after backward, in these buckets.
     p.post_backward = [] if cfg.overlap else grad_buckets(params, candidates[0])
     if not p.hook_state:  # DDP's built-in all-reduce: the step's volume from the gradient sizes, no hook

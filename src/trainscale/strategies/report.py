@@ -14,18 +14,7 @@ from .zero import optimizer_state_bytes
 if TYPE_CHECKING:
     from . import Prepared
 
-__all__ = ["strategy_summary", "replica_max_diff"]
-
-
-def replica_max_diff(module: torch.nn.Module) -> float:
-    """Largest difference of any parameter between ranks (collective; 0.0 when replicas are equal)."""
-    worst = torch.zeros((), dtype=torch.float64)
-    for q in module.parameters():
-        hi, lo = q.detach().clone(), q.detach().clone()
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        worst = torch.maximum(worst, (hi - lo).abs().max().double().cpu())
-    return worst.item()
+__all__ = ["strategy_summary"]
 
 
 def strategy_summary(p: Prepared, opt: torch.optim.Optimizer, cfg: Config, calls: int) -> dict[str, Any]:
@@ -47,6 +36,6 @@ def strategy_summary(p: Prepared, opt: torch.optim.Optimizer, cfg: Config, calls
     out["optim_state_bytes"] = int(mem.item())
     out["strategy"] = {k: getattr(s, k) for k in ("hierarchical", "compression", "comm_groups", "local_sgd_period",
                                                   "local_sgd_warmup", "shard_optimizer")}
-    if s.local_sgd_period:
-        out["replica_max_diff"] = replica_max_diff(p.module)
+    if s.local_sgd_period and p.post_step is not None:
+        out["replica_max_diff"] = p.post_step.divergence  # type: ignore[attr-defined]  # before the final average
     return out

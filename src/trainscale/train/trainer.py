@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..config import Config, config_to_dict
+from ..config import Config, ConfigError, config_to_dict
 from ..data import DataInfo, TrainLoader, build_datasets, eval_batches
 from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
@@ -54,6 +54,9 @@ def prepare(model: nn.Module, cfg: Config | None = None) -> tuple[nn.Module, Dis
         # ... forward/backward/step as usual; gradients are averaged across ranks by DDP
     """
     cfg = cfg or Config()
+    for key in ("local_sgd_period", "shard_optimizer"):  # they act in the Trainer's step, not in the model
+        if getattr(cfg.strategy, key):
+            raise ConfigError(f"strategy.{key}", getattr(cfg.strategy, key), "needs trainscale.Trainer; not in prepare()")
     env = init_distributed(cfg.job)
     return apply_strategy(model, env, cfg.strategy).model, env
 
@@ -178,7 +181,8 @@ class Trainer:
         loss_first = loss_last = None
         window_loss = torch.zeros((), device=env.device)
         window_n, window_t0 = 0, time.perf_counter()
-        t_prev = time.perf_counter()
+        t_prev = loop_t0 = time.perf_counter()
+        self._loss_curve: list[tuple[int, float, float]] = []  # (step, seconds into the loop, loss) at log points
         try:
             while self.step < cfg.job.steps:
                 loss, wait, post_calls = self._train_step()
@@ -205,6 +209,7 @@ class Trainer:
                         logger.warning(f"loss is {mean_loss} at step {self.step}: the run diverged "
                                        f"(lower --optim.lr, now {cfg.optim.lr:g}, or add --optim.warmup_steps)")
                     elapsed = time.perf_counter() - window_t0
+                    self._loss_curve.append((self.step, round(time.perf_counter() - loop_t0, 4), mean_loss))
                     view.update(self.step, mean_loss, window_n * self.global_batch / max(elapsed, 1e-9))
                     window_loss.zero_()
                     # The clock is not reset: on CUDA the sync above waits for queued steps, which is
@@ -218,6 +223,8 @@ class Trainer:
                     t_prev = time.perf_counter()
         finally:
             view.close()
+        if self.p.post_train is not None:
+            self.p.post_train()  # local SGD: replicas averaged once more, so eval and checkpoint see one model
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
             calls = bucket_count(self.p.model) if not self.p.post_backward else len(self.p.post_backward)
         eval_loss, eval_acc, eval_n = self._evaluate(None)
@@ -278,6 +285,6 @@ class Trainer:
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
             "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data},
-            "wall_s": wall, "config": config_to_dict(cfg),
+            "wall_s": wall, "config": config_to_dict(cfg), "loss_curve": self._loss_curve,
             **strategy_summary(self.p, self.opt, cfg, calls),  # comm bytes/wait, optimizer memory, autotune
         }
