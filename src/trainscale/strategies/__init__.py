@@ -40,6 +40,14 @@ class Prepared:
     tuner: BucketTuner | None = None
     hook_state: Any = None
 
+    def resume_at(self, step: int) -> None:
+        """After a checkpoint restore: step-counting strategy state (local SGD's warm-up, averaging) goes on."""
+        inner = getattr(self.hook_state, "inner", None)
+        if hasattr(inner, "start_localSGD_iter"):
+            inner.iter = step
+        if self.post_step is not None:
+            self.post_step.averager.step = step  # type: ignore[attr-defined]
+
 
 def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Prepared:
     """The one place strategies are composed: device, DDP (fusion, overlap, comm hooks), local SGD, precision."""

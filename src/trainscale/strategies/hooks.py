@@ -181,9 +181,6 @@ def counted_post_local_sgd_hook(state: CountedState, bucket: dist.GradBucket) ->
     return post_localSGD_hook.post_localSGD_hook(ls, bucket)
 
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 class CastState:
     """The transport hook's state and the dtype gradients travel in."""
 
@@ -260,6 +257,6 @@ class CommHooks:
         if cfg.compression == "fp16":
             hook = default_hooks.fp16_compress_wrapper(hook)
         elif cfg.compression == "bf16":
-            state, hook = CastState(state, hook, _DTYPES["bf16"]), cast_hook
+            state, hook = CastState(state, hook, torch.bfloat16), cast_hook
         ddp.register_comm_hook(state, hook)
         return state

@@ -118,6 +118,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.p.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
+        self.p.resume_at(self.step)
         if state.get("world_size") != self.env.world_size:
             logger.warning(f"resuming a {state.get('world_size')}-process checkpoint on {self.env.world_size} "
                            "processes: the data order will differ from the original run")
