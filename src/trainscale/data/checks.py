@@ -8,7 +8,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-__all__ = ["startup_warnings", "shm_free_bytes", "python_list_attrs"]
+__all__ = ["startup_warnings", "shm_free_bytes", "python_list_attrs", "data_wait_advice"]
 
 # DataLoader's default: each worker keeps this many batches in flight in shared memory.
 PREFETCH_FACTOR = 2
@@ -51,3 +51,21 @@ def startup_warnings(dataset: Dataset, in_shape: tuple[int, ...], batch_size: in
                        "counts), so memory grows with workers; keep it as a numpy array or tensor, or pack the "
                        "images with `trainscale data pack`")
     return out
+
+
+WAIT_LIMIT = 0.10
+
+
+def data_wait_advice(wait_frac: float, cfg: Any) -> str | None:
+    """The warning for a run whose steps waited more than 10% of their time for data, naming the knob."""
+    if not wait_frac > WAIT_LIMIT:  # also false for nan
+        return None
+    knobs = [f"raise data.workers (now {cfg.workers})"]
+    if cfg.prefetch < 2:
+        knobs.append(f"data.prefetch (now {cfg.prefetch}) to 2 or more")
+    if cfg.name == "imagefolder":
+        knobs.append("pack the folder once (`trainscale data pack SRC DST --size S`, then --data.name packed)")
+        if cfg.decoder != "opencv":
+            knobs.append("install opencv-python-headless (a faster decoder)")
+    return (f"steps waited for data {wait_frac:.0%} of their time (over {WAIT_LIMIT:.0%}): the input pipeline is "
+            "the bottleneck; " + ", ".join(knobs))

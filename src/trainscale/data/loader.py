@@ -108,7 +108,7 @@ class Prefetcher:
         self.source, self.stage, self.depth = source, stage, depth
         self.cuda = device.type == "cuda" and stage is not None
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.busy_s, self.samples = 0.0, 0
+        self.busy_s, self.samples, self._warm = 0.0, 0, False
         self._stop = threading.Event()
         self._q: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._thread: threading.Thread | None = None
@@ -126,8 +126,10 @@ class Prefetcher:
                 if self.cuda:
                     event = torch.cuda.Event()
                     event.record(self.stream)
-        self.busy_s += time.perf_counter() - t0
-        self.samples += len(y)
+        if self._warm:  # the first batch also pays for starting the workers: not the pipeline's rate
+            self.busy_s += time.perf_counter() - t0
+            self.samples += len(y)
+        self._warm = True
         return x, y, errors, epoch, k, event
 
     def _run(self) -> None:
