@@ -89,16 +89,18 @@ def center_box(h: int, w: int, frac: float = 0.875) -> Box:
 def resized_crop(img: np.ndarray, box: Box, size: int, flip: bool, decoder: str) -> np.ndarray:
     """Crop ``box`` from ``img``, resize it to ``size x size`` (bilinear) and mirror it if ``flip``; uint8 in and out."""
     x, y, cw, ch = box
-    crop = img[y:y + ch, x:x + cw]
     if decoder == "opencv":
+        crop = img[y:y + ch, x:x + cw]
         import cv2
         interp = cv2.INTER_AREA if cw > 2 * size and ch > 2 * size else cv2.INTER_LINEAR
         out = crop if (cw, ch) == (size, size) else cv2.resize(crop, (size, size), interpolation=interp)
         return cv2.flip(out, 1) if flip else out
     from PIL import Image
-    im = Image.fromarray(np.ascontiguousarray(crop))
+    im = Image.fromarray(img)
     if (cw, ch) != (size, size):
-        im = im.resize((size, size), Image.BILINEAR)
+        im = im.resize((size, size), Image.BILINEAR, box=(x, y, x + cw, y + ch))  # crop inside the resize
+    else:
+        im = im.crop((x, y, x + cw, y + ch))
     if flip:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(im)
