@@ -82,6 +82,7 @@ def main() -> None:
         "packed_img_s": round(stats["packed"][0], 1),
         "speedup_folder_vs_plain": round(stats["folder"][0] / stats["plain"][0], 2),
         "speedup_packed_vs_plain": round(stats["packed"][0] / stats["plain"][0], 2),
+        "speedup_packed_vs_plain_rounds": [round(p / q, 2) for p, q in zip(rates["packed"], rates["plain"])],
         "spread": {k: round(v[1], 3) for k, v in stats.items()},
         "bytes_per_batch_float32": px * 4, "bytes_per_batch_uint8": px,
         "decoder": resolve_decoder("auto"), "images": args.images, "side": args.side, "size": args.size,
