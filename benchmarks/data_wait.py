@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PlainFolder, cores, make_jpeg_folder  # noqa: E402
+from _images import PlainFolder, cores, make_jpeg_folder  # noqa: E402
 
 from trainscale.config import load_config  # noqa: E402
 from trainscale.data.packed import pack_folder  # noqa: E402

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PlainFolder, cores, make_jpeg_folder, median_spread  # noqa: E402
+from _images import PlainFolder, cores, make_jpeg_folder, median_spread  # noqa: E402
 
 from trainscale.config import DataConfig  # noqa: E402
 from trainscale.data import TrainLoader, build_datasets  # noqa: E402

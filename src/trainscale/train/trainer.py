@@ -194,12 +194,15 @@ class Trainer:
                     elapsed = time.perf_counter() - window_t0
                     view.update(self.step, mean_loss, window_n * self.global_batch / max(elapsed, 1e-9))
                     window_loss.zero_()
+                    # The clock is not reset: on CUDA the sync above waits for queued steps, which is
+                    # training time and belongs in the next measured interval.
                     window_n, window_t0 = 0, time.perf_counter()
-                    t_prev = window_t0
                 if cfg.job.eval_every and self.step % cfg.job.eval_every == 0 and self.step < cfg.job.steps:
                     self._evaluate(view)
+                    t_prev = time.perf_counter()  # evaluation is not step time
                 if cfg.checkpoint.dir and cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self._checkpoint()
+                    t_prev = time.perf_counter()
         finally:
             view.close()
             self.loader.close()  # stop the prefetch thread and the worker processes
