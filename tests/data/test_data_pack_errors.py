@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAST, run_cli
-from imgutil import make_folder
+from imgutil import FAST, make_folder, run_cli
 from trainscale.config import ConfigError, DataConfig
 from trainscale.data import DataInfo, TensorImages, TrainLoader, build_datasets, data_wait_advice, startup_warnings
 from trainscale.data.decode import load_crop

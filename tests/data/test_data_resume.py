@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAST, run_cli
-from imgutil import make_folder
+from imgutil import FAST, make_folder, run_cli
 from trainscale.config import DataConfig
 from trainscale.data import TrainLoader, build_datasets
 
