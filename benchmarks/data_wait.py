@@ -12,6 +12,7 @@ and throughput come from each run's summary. Last stdout line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -92,6 +93,7 @@ def main() -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--width", type=int, default=8)
     args = ap.parse_args()
+    faulthandler.dump_traceback_later(1200, exit=True)  # a stalled run prints every thread's stack, never hangs
     os.environ.setdefault("TRAINSCALE_TABLE_PRINTED", "1")
     with tempfile.TemporaryDirectory() as tmp:
         root = make_jpeg_folder(Path(tmp) / "jpeg", args.images, args.side)
