@@ -108,30 +108,41 @@ def test_corrupt_image_raise_names_the_file(folder):
 
 @pytest.mark.parametrize("case", ["empty", "empty_class", "missing", "no_path"])
 def test_unusable_folders_are_clear_errors(tmp_path, case):
+    from trainscale.data import check_data
+    from trainscale.data.cli import main as data_main
+
     root = tmp_path / "img"
     if case == "empty":
         root.mkdir()
     elif case == "empty_class":
         make_folder(root, classes=2, per_class=2)
         (root / "c9").mkdir()
-    args = ["--data.path", str(root)] if case != "no_path" else []
-    r = run_cli(["train", "--data", "imagefolder", *args, "--steps", "1", *FAST], timeout=60)
-    assert r.rc == 2, r.text
-    assert len(r.err.strip().splitlines()) == 1, r.err
     want = {"empty": "has no class folders", "empty_class": "c9", "missing": "no such folder",
             "no_path": "needs a folder"}[case]
-    assert want in r.err
+    with pytest.raises(ConfigError, match=want):  # what `trainscale train` checks before any rank starts
+        check_data(DataConfig(name="imagefolder", path="" if case == "no_path" else str(root)))
     if case in ("empty", "empty_class"):
-        p = run_cli(["data", "pack", str(root), str(tmp_path / "out"), "--size", "16"], timeout=60)
-        assert p.rc == 2 and want in p.err and not (tmp_path / "out").exists()
+        with pytest.raises(ConfigError, match=want):
+            data_main(["pack", str(root), str(tmp_path / "out"), "--size", "16"])
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_unusable_folder_through_the_cli_is_one_line(tmp_path):
+    (tmp_path / "img").mkdir()
+    r = run_cli(["train", "--data", "imagefolder", "--data.path", str(tmp_path / "img"), "--steps", "1", *FAST],
+                timeout=60)
+    assert r.rc == 2 and r.err.strip().count("\n") == 0 and "has no class folders" in r.err, r.text
 
 
 def test_pack_refuses_a_non_empty_destination(folder, tmp_path):
+    from trainscale.data.cli import main as data_main
+
     dst = tmp_path / "pack"
     dst.mkdir()
     (dst / "keep.txt").write_text("mine")
-    r = run_cli(["data", "pack", str(folder), str(dst), "--size", "16"], timeout=60)
-    assert r.rc == 2 and "not empty" in r.err and (dst / "keep.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match="not empty"):
+        data_main(["pack", str(folder), str(dst), "--size", "16"])
+    assert (dst / "keep.txt").read_text() == "mine"
 
 
 def test_startup_warnings_and_wait_advice():
