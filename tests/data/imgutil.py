@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from clitools import FAST, run_cli  # noqa: F401  (re-exported for the data tests)
+
 
 def make_folder(root: Path, classes: int = 3, per_class: int = 14, side: int = 32, fmt: str = "JPEG",
                 seed: int = 0) -> Path:
@@ -22,21 +24,3 @@ def make_folder(root: Path, classes: int = 3, per_class: int = 14, side: int = 3
             img[..., c % 3] += 150
             Image.fromarray(img).save(d / f"{i:03d}.{ext}", fmt)
     return root
-
-
-def _root_conftest():
-    """tests/conftest.py by path: another folder's conftest.py may own the module name ``conftest``."""
-    import importlib.util
-    import sys
-
-    name = "trainscale_tests_root_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "conftest.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-FAST = _root_conftest().FAST
-run_cli = _root_conftest().run_cli
