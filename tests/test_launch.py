@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from clitools import run_cli
 
 TORCHRUN_SCRIPT = '''
 import json, os, sys

@@ -40,7 +40,8 @@ class Coordinator:
         self.arrived: dict[int, tuple[list, dict]] = {}  # ticket -> (grad refs, meta), until applied
         self.setups: dict[Any, int] = {}  # setup ref -> learner being brought back
         self.stop_requested = False
-        self.lost_at: dict[int, float] = {}  # learner -> when it was lost (monotonic), until it is back
+        self.lost_at: dict[int, float] = {}
+        self.unchecked: tuple[int, list] | None = None  # (version, shard calls) of an update not yet confirmed  # learner -> when it was lost (monotonic), until it is back
 
     def request_stop(self) -> None:
         """End the run after the current update (from ``on_update``)."""
@@ -142,6 +143,7 @@ class Coordinator:
     # ------------------------------------------------------------------------------------ actions
 
     def _execute(self, actions: list) -> None:
+        launched: list[Launch] = []
         for action in actions:
             if isinstance(action, Apply):
                 self._apply(action)
@@ -152,6 +154,38 @@ class Coordinator:
                     ray.cancel(ref)
                     self.rec.cancelled += 1
             elif isinstance(action, Launch):
+                self._launch(action)
+                launched.append(action)
+        if self.unchecked:
+            self._check_apply(launched)
+
+    def _check_apply(self, launched: list[Launch]) -> None:
+        """Wait for the shards' small answers to the last update, after the learners were launched.
+
+        The learners got the new parameters as references before the shards answered, so the server's
+        round trip overlaps their start. A shard that died during the update is waited for (it restores
+        its snapshot) and the mini-batches just launched on its lost result are sent again.
+        """
+        version, calls = self.unchecked
+        self.unchecked = None
+        broken = False
+        for s, (meta_ref, _) in enumerate(calls):
+            meta = self._shard_call(s, meta_ref)
+            if meta is None:
+                self.params[s] = self._refetch(s)
+                broken = True
+            else:
+                self._check_pid(s, meta, version - 1)
+        if not broken:
+            return
+        if self.rec.eval_points and self.rec.eval_points[-1][0] == version:
+            u, t, _ = self.rec.eval_points[-1]
+            self.rec.eval_points[-1] = (u, t, list(self.params))
+        for action in launched:
+            ref = self.by_ticket.pop(action.ticket, None)
+            if ref is not None:
+                self.pending.pop(ref, None)
+                ray.cancel(ref)
                 self._launch(action)
 
     def _launch(self, action: Launch) -> None:
@@ -170,14 +204,10 @@ class Coordinator:
         calls = [shard.apply.options(num_returns=2).remote(action.version, coefs, keep_from,
                                                            *[grads[s] for grads, _ in taken])
                  for s, shard in enumerate(self.shards)]
-        # Waiting for the shards' small metadata (not the parameters) keeps failures visible here.
-        for s, (meta_ref, params_ref) in enumerate(calls):
-            meta = self._shard_call(s, meta_ref)
-            if meta is None:
-                self.params[s] = self._refetch(s)
-            else:
-                self.params[s] = params_ref
-                self._check_pid(s, meta, action.version - 1)
+        # The new parameters go to the learners as references at once; _check_apply waits for the shards'
+        # small answers after the launches, so failures stay visible without a round trip on the way.
+        self.params = [params_ref for _, params_ref in calls]
+        self.unchecked = (action.version, calls)
         rec.updates = action.version
         rec.update_times.append(rec.now())
         rec.staleness += list(action.staleness)

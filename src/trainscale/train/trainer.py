@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError, config_to_dict
-from ..data import DataInfo, TrainLoader, build_datasets, eval_batches
+from ..data import DataInfo, build_datasets, build_train_loader, data_wait_advice, eval_batches
 from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
 from ..log import logger, setup_logging
@@ -99,8 +99,8 @@ class Trainer:
         if cfg.strategy.shard_optimizer:
             self.opt = apply_zero(self.opt)
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
-        self.loader = TrainLoader(self.train_data, self.info, env.device, cfg.data.batch_size, env.rank,
-                                  env.world_size, cfg.data.workers, cfg.data.shuffle, cfg.job.seed)
+        self.loader = build_train_loader(cfg.data, self.train_data, self.info, env.device, env.rank,
+                                         env.world_size, cfg.job.seed, env.is_main)
         self.step = 0
         if state is not None:
             self._restore(state)
@@ -224,6 +224,7 @@ class Trainer:
                     t_prev = time.perf_counter()
         finally:
             view.close()
+            self.loader.close()  # stop the prefetch thread and the worker processes
         if self.p.post_train is not None:
             self.p.post_train()  # local SGD: replicas averaged once more, so eval and checkpoint see one model
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
@@ -272,6 +273,15 @@ class Trainer:
         losses /= env.world_size
         med, spread = median_spread(step_times)
         total_t = sum(step_times)
+        # The slowest rank's input pipeline bounds the job: its rate x world size; skipped images summed.
+        rate = torch.tensor([float(self.loader.samples_per_s)], device=env.device)
+        dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+        skipped = torch.tensor([float(self.loader.skipped)], device=env.device)
+        dist.all_reduce(skipped)
+        wait_frac = (sum(waits) / total_t) if total_t else float("nan")
+        advice = data_wait_advice(wait_frac, cfg.data)
+        if advice and env.is_main and not cfg.ablate.data:
+            logger.warning(advice)
         return {
             "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
             "model": cfg.model.name if self.user_model is None else type(self.user_model).__name__,
@@ -280,7 +290,8 @@ class Trainer:
             "measured_steps": len(step_times),
             "samples_per_s": len(step_times) * self.global_batch / total_t if total_t else float("nan"),
             "step_time_s": med, "step_time_spread": spread,
-            "data_wait_frac": (sum(waits) / total_t) if total_t else float("nan"),
+            "data_wait_frac": wait_frac, "data_samples_per_s": rate.item() * env.world_size,
+            "data_skipped": int(skipped.item()),
             "loss_first": losses[0].item(), "loss_last": losses[1].item(),
             "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
