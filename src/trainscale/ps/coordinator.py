@@ -41,6 +41,7 @@ class Coordinator:
         self.setups: dict[Any, int] = {}  # setup ref -> learner being brought back
         self.stop_requested = False
         self.lost_at: dict[int, float] = {}
+        self.submitted: dict[int, float] = {}  # ticket -> perf_counter at launch
         self.unchecked: tuple[int, list] | None = None  # (version, shard calls) of an update not yet confirmed  # learner -> when it was lost (monotonic), until it is back
 
     def request_stop(self) -> None:
@@ -101,6 +102,10 @@ class Coordinator:
         self.rec.bytes_pushed += meta["pushed"]
         self.rec.bytes_pulled += meta["pulled"]
         self.arrived[ticket] = (grads, meta)
+        # What a mini-batch costs besides its injected delay: launch, fetch, compute, push, notice.
+        sent = self.submitted.pop(ticket, None)
+        if sent is not None:
+            self.rec.overheads.append(time.perf_counter() - sent - meta["delay_s"])
         self._execute(self.policy.arrive(ticket))
 
     def _lost(self, learner: int, why: str, error: bool = False) -> None:
@@ -151,6 +156,7 @@ class Coordinator:
                 ref = self.by_ticket.pop(action.ticket, None)
                 if ref is not None:
                     self.pending.pop(ref, None)
+                    self.submitted.pop(action.ticket, None)
                     ray.cancel(ref)
                     self.rec.cancelled += 1
             elif isinstance(action, Launch):
@@ -193,6 +199,7 @@ class Coordinator:
         refs = learner.compute.options(num_returns=len(self.shards) + 1).remote(
             action.version, action.ticket, *self.params)
         self.pending[refs[0]] = (action.ticket, action.learner, list(refs[1:]))
+        self.submitted[action.ticket] = time.perf_counter()
         self.by_ticket[action.ticket] = refs[0]
 
     def _apply(self, action: Apply) -> None:

@@ -86,6 +86,7 @@ class Learner:
         delay = self.delay.sample(self.rng, self.id, compute_s)
         if delay > 0:
             await asyncio.sleep(delay)  # where ray.cancel lands: the straggler's wait is abandoned at once
+        self.last_delay = delay
         return loss, grads, compute_s
 
     async def compute(self, version: int, ticket: int, *slices: np.ndarray) -> tuple:
@@ -94,7 +95,7 @@ class Learner:
         Returns (meta, grad slice per shard); meta has the loss and the bytes moved.
         """
         loss, grads, compute_s = await self._step(list(slices))
-        meta = {"learner": self.id, "version": version, "ticket": ticket, "loss": loss, "compute_s": compute_s,
+        meta = {"learner": self.id, "version": version, "ticket": ticket, "loss": loss, "compute_s": compute_s, "delay_s": self.last_delay,
                 "pulled": int(sum(s.nbytes for s in slices)), "pushed": int(sum(g.nbytes for g in grads))}
         return (meta, *grads)
 

@@ -23,6 +23,7 @@ class RunRecord:
     update_times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # mean training loss of each update's gradients
     staleness: list[int] = field(default_factory=list)  # one entry per applied gradient
+    overheads: list[float] = field(default_factory=list)  # per mini-batch: round trip minus injected delay
     timeline: list[dict[str, Any]] = field(default_factory=list)
     bytes_pushed: int = 0
     bytes_pulled: int = 0

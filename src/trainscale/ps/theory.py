@@ -28,18 +28,23 @@ def order_statistic_exp(k: int, p: int, mean: float) -> float:
     return (harmonic(p) - harmonic(p - k)) * mean
 
 
-def predicted_update_time(mode: str, p: int, k: int, mean: float) -> float:
-    """Expected seconds per server update of ``mode`` with exponential mini-batch times."""
+def predicted_update_time(mode: str, p: int, k: int, mean: float, shift: float = 0.0) -> float:
+    """Expected seconds per server update of ``mode`` with mini-batch times ``shift + Exp(mean)``.
+
+    ``shift = 0`` is seed 002's model. A positive shift (the fixed cost of a mini-batch besides its delay:
+    launch, fetch, compute, push) adds to every order statistic, and to the cycle of the always-busy modes.
+    """
     if mode == "sync":
-        return order_statistic_exp(p, p, mean)
+        return shift + order_statistic_exp(p, p, mean)
     if mode == "async":
-        return mean / p
+        return (shift + mean) / p
     if mode in ("k-sync", "k-async"):
-        return order_statistic_exp(k, p, mean)
+        # k-async overlaps the shift of the P-K learners that keep going; k-sync pays it every update.
+        return (shift if mode == "k-sync" else shift * k / p) + order_statistic_exp(k, p, mean)
     if mode in ("k-batch-sync", "k-batch-async"):
-        return k * mean / p
+        return k * (shift + mean) / p
     if mode == "downpour":
-        return mean / p  # per shard: every learner pushes once per mini-batch
+        return (shift + mean) / p  # per shard: every learner pushes once per mini-batch
     raise ValueError(f"no prediction for mode {mode!r}")
 
 
