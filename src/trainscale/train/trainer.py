@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from ..config import Config, config_to_dict
 from ..data import DataInfo, TrainLoader, build_datasets, eval_batches
+from ..data.delay import with_sample_delay
 from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
 from ..log import logger, setup_logging
@@ -27,6 +28,8 @@ from ..models import build_model
 from ..strategies import Prepared, allreduce_after_backward, apply_strategy, bucket_count
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .evaluate import evaluate
+from .instrument import ComputeClock, SleepCompute
+from .profile import OpProfiler
 from .progress import ProgressView
 from .schedule import lr_at
 from .summary import median_spread, print_summary, write_summary
@@ -83,6 +86,7 @@ class Trainer:
         if self.train_data is None:
             self.train_data, self.eval_data, self.info = build_datasets(cfg.data)
         self.info = self.info or _infer_info(self.train_data)
+        self.train_data = with_sample_delay(self.train_data, cfg.data.sample_delay_ms, cfg.data.sample_delay_scope)
         model = self.user_model or build_model(cfg.model.name, self.info.in_shape, self.info.num_classes,
                                                cfg.model.width, cfg.model.depth)
         state = load_checkpoint(self.resume) if self.resume else None
@@ -90,6 +94,13 @@ class Trainer:
             model.load_state_dict(state["model"])
         self.p: Prepared = apply_strategy(model, env, cfg.strategy)
         self.opt = build_optimizer(self.p.module.parameters(), cfg)
+        # Measurement and controlled experiments (the doctor's ablations and injected faults).
+        self.clock = ComputeClock(env.device, cfg.job.slow_factor if env.rank == cfg.job.slow_rank else 1.0)
+        self.sleep_test = SleepCompute(self.p.module, env.device) if cfg.ablate.compute == "sleep" else None
+        self.calib_steps = cfg.ablate.calibrate_steps if self.sleep_test else 0
+        if self.sleep_test:
+            self.sleep_test.start_calibration()
+        self.profiler = OpProfiler(env.device) if cfg.log.profile and env.is_main else None
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
         self.loader = TrainLoader(self.train_data, self.info, env.device, cfg.data.batch_size, env.rank,
                                   env.world_size, cfg.data.workers, cfg.data.shuffle, cfg.job.seed)
@@ -128,6 +139,10 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, cfg.optim, self.global_batch, cfg.job.steps)
         wait, loss_sum = 0.0, None
+        calibrating = self.sleep_test is not None and not self.sleep_test.installed
+        # Without communication (or while the sleep test times modules) DDP's forward is bypassed too:
+        # no gradient hooks fire and no buffers are broadcast.
+        net = p.module if ab.comm or calibrating else p.model
         for micro in range(s.grad_accum):
             t0 = time.perf_counter()
             if ab.data:
@@ -139,10 +154,15 @@ class Trainer:
             wait += time.perf_counter() - t0
             # DDP exchanges gradients in backward only on the last micro-step, and only with overlap on.
             sync = micro == s.grad_accum - 1 and s.overlap and not ab.comm
+            self.clock.start()
             with (contextlib.nullcontext() if sync else p.model.no_sync()):
                 with p.autocast():
-                    loss = nn.functional.cross_entropy(p.model(x).float(), y) / s.grad_accum
-                p.scaler.scale(loss).backward()
+                    loss = nn.functional.cross_entropy(net(x).float(), y) / s.grad_accum
+                scaled = p.scaler.scale(loss)
+                self.clock.watch(scaled)
+                if calibrating:
+                    self.sleep_test.watch(scaled)  # type: ignore[union-attr]
+                scaled.backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         calls = 0
         if p.post_backward and not ab.comm:
@@ -167,21 +187,32 @@ class Trainer:
         window_loss = torch.zeros((), device=env.device)
         window_n, window_t0 = 0, time.perf_counter()
         t_prev = time.perf_counter()
+        warm = cfg.log.skip_first + self.calib_steps  # steps excluded from every timing
         try:
             while self.step < cfg.job.steps:
+                if self.profiler and self.step - start_step == warm:
+                    self.profiler.start()
                 loss, wait, post_calls = self._train_step()
                 self.step += 1
                 now = time.perf_counter()
-                if self.step - start_step > cfg.log.skip_first:
+                measured = self.step - start_step > warm
+                self.clock.end_step(measured)
+                if measured:
                     step_times.append(now - t_prev)
                     waits.append(wait)
+                    if self.profiler:
+                        self.profiler.step_done()
+                if self.sleep_test and not self.sleep_test.installed:
+                    self.sleep_test.end_step()
+                    if self.step - start_step >= self.calib_steps:
+                        self.sleep_test.install()
                 t_prev = now
                 if loss_first is None:
                     loss_first = loss.clone()
                 loss_last = loss
                 window_loss += loss
                 window_n += 1
-                if self.step == start_step + 2:  # DDP has rebuilt its buckets after the first step
+                if self.step == start_step + self.calib_steps + 2:  # DDP has rebuilt its buckets after the first step
                     calls = post_calls or (0 if cfg.ablate.comm else bucket_count(self.p.model))
                 if self.step % cfg.log.every == 0 or self.step == cfg.job.steps:
                     # The only host sync of the loop: metrics leave the device every log.every steps.
@@ -197,6 +228,9 @@ class Trainer:
                     self._checkpoint()
         finally:
             view.close()
+            if self.sleep_test:
+                self.sleep_test.uninstall()  # evaluation runs the real modules
+        artefacts = self._write_profile() if self.profiler else {}
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
             calls = bucket_count(self.p.model) if not self.p.post_backward else len(self.p.post_backward)
         eval_loss, eval_acc, eval_n = self._evaluate(None)
@@ -204,12 +238,18 @@ class Trainer:
             self._checkpoint(final=True)
         summary = self._summary(step_times, waits, calls, loss_first, loss_last, eval_loss, eval_acc, eval_n,
                                 time.perf_counter() - t_start)
+        summary.update(artefacts)
         if env.is_main:
             if self.json_path:
                 write_summary(self.json_path, summary)
             if cfg.log.progress != "none":
                 print_summary(summary)
         return summary
+
+    def _write_profile(self) -> dict[str, str]:
+        """Rank 0's per-operator table, into job.out, else beside the summary JSON, else here."""
+        folder = Path(self.cfg.job.out or (Path(self.json_path).parent if self.json_path else "."))
+        return self.profiler.write(folder, self.env.world_size)  # type: ignore[union-attr]
 
     def _evaluate(self, view: ProgressView | None) -> tuple[float, float, int]:
         if self.eval_data is None or len(self.eval_data) == 0:
@@ -243,6 +283,10 @@ class Trainer:
         losses /= env.world_size
         med, spread = median_spread(step_times)
         total_t = sum(step_times)
+        # Per-rank medians: all-reduce equalises step times, compute times show who is slow.
+        mine = (self.clock.median(), med, median_spread(waits)[0])
+        per_rank: list[Any] = [None] * env.world_size
+        dist.all_gather_object(per_rank, mine)
         return {
             "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
             "model": cfg.model.name if self.user_model is None else type(self.user_model).__name__,
@@ -256,6 +300,11 @@ class Trainer:
             "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
-            "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data},
+            "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data, "compute": cfg.ablate.compute},
+            "rank_compute_s": [r[0] for r in per_rank], "rank_step_time_s": [r[1] for r in per_rank],
+            "rank_data_wait_s": [r[2] for r in per_rank],
+            "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
+            "calibrated_compute_s": (self.sleep_test.total_fwd_s + self.sleep_test.total_bwd_s)
+            if self.sleep_test else None,
             "wall_s": wall, "config": config_to_dict(cfg),
         }
