@@ -53,8 +53,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     cfg = load_config(rest, args.config, extra)
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError("--nproc", args.nproc, "must be >= 1")
-    warm = cfg.log.skip_first + (cfg.ablate.calibrate_steps if cfg.ablate.compute == "sleep" else 0)
-    if cfg.job.steps <= warm:
+    warm = cfg.log.skip_first + cfg.ablate.calibrate_steps
+    if cfg.ablate.compute == "sleep" and cfg.job.steps <= warm:
         raise ConfigError("job.steps", cfg.job.steps, f"must exceed the {warm} unmeasured warm-up/calibration steps "
                           "(log.skip_first + ablate.calibrate_steps)")
     if args.resume and Path(args.resume).is_dir():
