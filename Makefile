@@ -4,24 +4,27 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-STAMP   := $(VENV)/.installed
+PIP     := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test venv clean
+.PHONY: demo test clean
 
-$(STAMP): pyproject.toml
+# torch first, so that trainscale's `torch>=2.4` is already satisfied by the CPU build.
+$(VENV)/.base: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[all,test]"
-	touch $(STAMP)
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[data]"
+	touch $@
 
-venv: $(STAMP)
+# Everything the test suite exercises: Ray (parameter server), matplotlib (reports), pytest.
+$(VENV)/.full: $(VENV)/.base
+	$(PIP) -e ".[all,test]"
+	touch $@
 
-demo: $(STAMP)
+demo: $(VENV)/.base
 	$(BIN)/trainscale train --nproc 2
 
-test: $(STAMP)
+test: $(VENV)/.full
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info

@@ -247,7 +247,7 @@ class PsConfig(_Section):
     mode: Literal["sync", "k-sync", "k-batch-sync", "async", "k-async", "k-batch-async", "downpour"] = _f(
         "sync", "synchronisation policy (seed 002; Dutta et al. 2018)")
     learners: int = _f(2, "learner actors P")
-    k: int = _f(0, "K for the k-* modes (1 <= K <= P); 0: P // 2")
+    k: Literal["auto"] | int = _f("auto", "K for the k-* modes, 1 <= K <= P; auto: P // 2")
     shards: int = _f(1, "parameter-server shards, parameters split across them balanced by size")
     lr_rule: Literal["constant", "staleness", "distance"] = _f("constant", "learning rate against staleness")
     lr: float = _f(0.05, "base learning rate of the server's optimizer")
@@ -261,14 +261,29 @@ class PsConfig(_Section):
     snapshot_every: int = _f(50, "server shards snapshot their state every N updates")
     threads: int = _f(1, "intra-op threads of each learner process")
     timeout_s: float = _f(60.0, "longest any wait may take before the run fails with a clear error")
+    max_restarts: int = _f(3, "times Ray restarts a dead learner or shard before the run gives it up")
+    snapshot_dir: str = _f("", "folder for shard snapshots (shared storage on a cluster); empty: a temporary one")
+    eval_every: int = _f(0, "keep the parameters every N updates for an eval curve; 0: evaluate at the end only")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for f in ("learners", "shards", "fetch_every", "push_every", "snapshot_every", "threads", "steps"):
             self._at_least(f, 1)
-        self._at_least("k", 0)
-        self._at_least("time_s", 0)
+        for f in ("time_s", "max_restarts", "eval_every"):
+            self._at_least(f, 0)
         self._at_least("timeout_s", 1)
+        for f in ("lr", "lr_max", "lr_c"):
+            if isinstance(getattr(self, f), bool) or not getattr(self, f) > 0:
+                self._fail(f, "must be a number > 0")
+        if self.mode.startswith("k-") and self.k != "auto":
+            if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.learners:
+                self._fail("k", f"K must be between 1 and ps.learners = {self.learners} for mode {self.mode}")
+        elif self.k != "auto" and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
+            self._fail("k", "K must be >= 1 (or auto)")
+        elif self.mode.startswith("k-") and self.learners < 2:
+            self._fail("k", f"auto gives K = P // 2 = 0 with ps.learners = {self.learners}; give K >= 1")
+        if self.mode == "downpour" and self.lr_rule == "distance":
+            self._fail("lr_rule", "downpour takes constant or staleness (its shards never compute a global distance)")
 
 
 @dataclass

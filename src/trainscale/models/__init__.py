@@ -16,7 +16,7 @@ from torch import nn
 
 from ..config import ConfigError
 
-__all__ = ["register", "build_model", "available", "count_tensors"]
+__all__ = ["register", "build_model", "available", "check_name", "count_tensors"]
 
 Builder = Callable[..., nn.Module]
 _REGISTRY: dict[str, Builder] = {}
@@ -63,25 +63,35 @@ def _call_builder(fn: Builder, **kw: object) -> nn.Module:
     return model
 
 
+def check_name(name: str) -> None:
+    """Raise ConfigError unless ``name`` can be built here."""
+    if ":" in name:
+        pkg = name.partition(":")[0]
+        if pkg not in ("torchvision", "timm"):
+            _import_builder(name)  # a user's module.path:function
+            return
+        if importlib.util.find_spec(pkg) is None:
+            raise ConfigError("model.name", name, f"{pkg} is not installed (pip install {pkg})")
+    elif name not in _REGISTRY:
+        raise ConfigError("model.name", name, "one of " + ", ".join(available()))
+
+
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, width: int = 0, depth: int = 2) -> nn.Module:
     """Build a registered model, ``torchvision:NAME`` / ``timm:NAME``, or a user's ``module.path:function``.
 
     A user's builder receives those of ``in_shape, num_classes, width, depth`` it declares.
     """
+    check_name(name)
     if ":" in name:
         pkg, _, sub = name.partition(":")
         if pkg not in ("torchvision", "timm"):
             return _call_builder(_import_builder(name), in_shape=tuple(in_shape), num_classes=num_classes,
                                  width=width, depth=depth)
-        if importlib.util.find_spec(pkg) is None:
-            raise ConfigError("model.name", name, f"{pkg} is not installed (pip install {pkg})")
         if pkg == "timm":
             import timm
             return timm.create_model(sub, pretrained=False, num_classes=num_classes, in_chans=in_shape[0])
         import torchvision.models as tvm
         return tvm.get_model(sub, weights=None, num_classes=num_classes)
-    if name not in _REGISTRY:
-        raise ConfigError("model.name", name, "one of " + ", ".join(available()))
     return _REGISTRY[name](in_shape=tuple(in_shape), num_classes=num_classes, width=width, depth=depth)
 
 

@@ -27,9 +27,12 @@ def apply_ddp(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> DDP:
 
 
 def bucket_count(model: DDP) -> int:
-    """All-reduce calls DDP's reducer makes per step (its bucket count, after the first-step rebuild)."""
-    sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
-    return len([s for s in str(sizes).split(",") if s.strip()])
+    """All-reduce calls DDP's reducer makes per step: its bucket count, once it rebuilt them in step 2.
+
+    DDP's logging data still lists the initial one-bucket layout at that point, so the reducer's
+    current buckets are counted instead.
+    """
+    return len(model.reducer._get_zeros_like_grad_buckets())
 
 
 def grad_buckets(params: list[nn.Parameter], bucket_mb: float) -> list[list[nn.Parameter]]:

@@ -64,10 +64,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
 
 def preflight(args: argparse.Namespace, cfg: Config) -> None:
     """Checks that need this machine (device, amp, checkpoint), made once before any rank starts."""
+    from ..data import available_datasets
     from ..dist.env import resolve_backend, resolve_device
+    from ..models import check_name
     from ..strategies import check_amp
     from .checkpoint import load_checkpoint
 
+    check_name(cfg.model.name)
+    if cfg.data.name not in available_datasets():
+        raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets()))
     device = resolve_device(cfg.job.device)
     resolve_backend(cfg.job.backend, device)
     check_amp(cfg.strategy.amp, device)

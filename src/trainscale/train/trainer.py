@@ -6,6 +6,7 @@ Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``tr
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import time
@@ -179,7 +180,7 @@ class Trainer:
         t_start = time.perf_counter()
         self._setup()
         cfg, env = self.cfg, self.env
-        self._fixed_batch = None
+        self._fixed_batch, self._warned_nan = None, False
         start_step = self.step
         view = ProgressView(cfg.job.steps, cfg.log.progress, env.is_main, start=start_step)
         step_times, waits, calls = [], [], 0
@@ -217,6 +218,10 @@ class Trainer:
                 if self.step % cfg.log.every == 0 or self.step == cfg.job.steps:
                     # The only host sync of the loop: metrics leave the device every log.every steps.
                     mean_loss = (window_loss / window_n).item()
+                    if not math.isfinite(mean_loss) and not self._warned_nan:
+                        self._warned_nan = True
+                        logger.warning(f"loss is {mean_loss} at step {self.step}: the run diverged "
+                                       f"(lower --optim.lr, now {cfg.optim.lr:g}, or add --optim.warmup_steps)")
                     elapsed = time.perf_counter() - window_t0
                     view.update(self.step, mean_loss, window_n * self.global_batch / max(elapsed, 1e-9))
                     window_loss.zero_()

@@ -1,0 +1,32 @@
+"""Helpers shared by the benchmarks: run trainscale as a user would and read its summary."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def train_summary(args: list[str], timeout: float = 600) -> dict[str, Any]:
+    """Run ``trainscale train ARGS --json`` in a subprocess and return its summary."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "s.json"
+        p = subprocess.run([sys.executable, "-m", "trainscale", "train", *args, "--json", str(out),
+                            "--log.progress", "none"], capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise SystemExit(f"trainscale train failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def spread(values: list[float]) -> float:
+    """Relative spread (max - min) / median of repeated measurements."""
+    return (max(values) - min(values)) / statistics.median(values) if values else float("nan")
+
+
+def emit(result: dict[str, Any]) -> None:
+    """The benchmark's result: one JSON object on the last line of stdout."""
+    print(json.dumps(result))

@@ -1,0 +1,114 @@
+"""trainscale's ddp step against a hand-written plain DDP loop: same model, batch and data, 2 processes.
+
+Both loops run in the same two processes, alternating rounds, each timed per step with the same
+clock; the result is the ratio of medians. Last line: one JSON object.
+Run: python benchmarks/ddp_overhead.py [--rounds 4 --steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+MODEL = ["--model", "resnet18", "--model.width", "8", "--data", "synthetic", "--data.image_size", "16",
+         "--batch-size", "16", "--data.eval_size", "0", "--log.progress", "none", "--log.skip_first", "5"]
+
+
+def plain_ddp_steps(steps: int, skip: int) -> list[float]:
+    """What a user writes by hand: DistributedSampler, DataLoader, DDP, SGD (float data prepared up front)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from trainscale.config import DataConfig
+    from trainscale.data import build_datasets
+    from trainscale.models import build_model
+
+    train, _, info = build_datasets(DataConfig(name="synthetic", image_size=16))
+    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(info.std).view(1, -1, 1, 1)
+    ds = TensorDataset((train.images.float() - mean) / std, train.labels)
+    sampler = DistributedSampler(ds, seed=0)
+    loader = DataLoader(ds, batch_size=16, sampler=sampler, drop_last=True)
+    torch.manual_seed(0)
+    model = DDP(build_model("resnet18", info.in_shape, info.num_classes, width=8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    times, epoch, it = [], 0, iter(loader)
+    t_prev = time.perf_counter()
+    for step in range(steps):
+        try:
+            x, y = next(it)
+        except StopIteration:
+            epoch += 1
+            sampler.set_epoch(epoch)
+            it = iter(loader)
+            x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        now = time.perf_counter()
+        if step >= skip:
+            times.append(now - t_prev)
+        t_prev = now
+    loss.item()
+    dist.barrier()
+    return times
+
+
+def worker(rounds: int, steps: int, out: str) -> None:
+    from trainscale import Trainer
+    from trainscale.config import load_config
+
+    from trainscale.dist import init_distributed
+
+    cfg = load_config(_pairs(MODEL) + ["--job.steps", str(steps)])
+    init_distributed(cfg.job)  # one process group and thread setting for both loops
+    ts, plain = [], []
+    for _ in range(rounds):
+        plain.append(statistics.median(plain_ddp_steps(steps, 5)))
+        ts.append(Trainer(cfg).fit()["step_time_s"])
+    if int(os.environ["RANK"]) == 0:
+        Path(out).write_text(json.dumps({"ts": ts, "plain": plain}))
+
+
+def _pairs(argv: list[str]) -> list[str]:
+    short = {"--model": "--model.name", "--data": "--data.name", "--batch-size": "--data.batch_size"}
+    return [short.get(a, a) for a in argv]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--worker-out")
+    a = ap.parse_args()
+    if a.worker_out:
+        worker(a.rounds, a.steps, a.worker_out)
+        return
+    from trainscale.dist import LaunchSpec, launch
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "r.json"
+        launch(LaunchSpec(script=__file__, nproc_per_node=2, print_table=False,
+                          args=["--rounds", str(a.rounds), "--steps", str(a.steps), "--worker-out", str(out)]))
+        r = json.loads(out.read_text())
+    from _common import emit, spread
+
+    ts, plain = statistics.median(r["ts"]), statistics.median(r["plain"])
+    for i, (t, p) in enumerate(zip(r["ts"], r["plain"])):
+        print(f"round {i + 1}: trainscale {t * 1e3:.2f} ms/step, plain DDP {p * 1e3:.2f} ms/step", file=sys.stderr)
+    emit({"ratio": ts / plain, "trainscale_step_s": ts, "plain_step_s": plain,
+          "trainscale_spread": spread(r["ts"]), "plain_spread": spread(r["plain"]), "rounds": a.rounds})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""``trainscale launch``: run any torchrun script on N processes per node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .launcher import LaunchFailed, LaunchSpec, launch
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    """Entry of ``trainscale launch``."""
+    p = argparse.ArgumentParser(
+        prog="trainscale launch",
+        description="Run a training script on N processes per node through torch.distributed.run (torchrun), "
+                    "so rendezvous, multi-node and elastic restarts behave exactly as torchrun's. Prints the "
+                    "job's distributed environment once, and gives each rank cores/processes intra-op threads.",
+        epilog="examples:\n  trainscale launch --nproc-per-node 2 train.py --epochs 3\n"
+               "  trainscale launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 "
+               "--nproc-per-node 8 train.py\n  trainscale launch --nnodes 1:4 --rdzv-endpoint head:29400 "
+               "--max-restarts 3 --nproc-per-node 8 train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="processes on this node (default 1)")
+    p.add_argument("--nnodes", default="1", metavar="A[:B]", help="nodes, or MIN:MAX for an elastic job")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank (static rendezvous)")
+    p.add_argument("--master-addr", metavar="H", help="address of node 0 (static rendezvous)")
+    p.add_argument("--master-port", type=int, metavar="P", help="port on node 0 (static rendezvous)")
+    p.add_argument("--rdzv-endpoint", metavar="H:P", help="c10d rendezvous endpoint (elastic jobs)")
+    p.add_argument("--rdzv-id", default="trainscale", help="job id shared by all nodes of a c10d rendezvous")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K", help="restart the workers up to K times")
+    p.add_argument("--threads", type=int, default=0, metavar="T",
+                   help="intra-op threads per rank (default: cores / processes on this node)")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a Python module (python -m)")
+    p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to the script")
+    a = p.parse_args(argv)
+    spec = LaunchSpec(script=a.script, args=a.args, nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
+                      node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port,
+                      rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id, max_restarts=a.max_restarts,
+                      threads=a.threads, module=a.module)
+    try:
+        launch(spec)
+    except LaunchFailed as e:
+        print(f"trainscale launch: {e}", file=sys.stderr)
+        return 1
+    return 0

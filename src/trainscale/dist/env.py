@@ -1,0 +1,116 @@
+"""Process-group set-up: read torchrun's environment, choose device and backend, set threads."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError, JobConfig
+from ..log import logger
+
+__all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
+           "gather_env_rows", "is_launched", "shutdown"]
+
+
+@dataclass
+class DistEnv:
+    """Where this process stands in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    device: torch.device
+    backend: str
+    master: str
+    threads: int
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the one that logs, writes files and prints tables."""
+        return self.rank == 0
+
+
+def is_launched() -> bool:
+    """True when torchrun (or ``trainscale launch``) started this process as one rank of a job."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def default_threads(local_processes: int) -> int:
+    """This machine's cores shared among the processes on it (at least 1 each)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_processes))
+
+
+def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
+    """``auto`` → ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("job.device", choice, "CUDA is not available on this machine; use cpu or auto")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def resolve_backend(choice: str, device: torch.device) -> str:
+    """``auto`` → NCCL for CUDA devices, Gloo otherwise."""
+    if choice == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if choice == "nccl" and device.type != "cuda":
+        raise ConfigError("job.backend", choice, "nccl needs CUDA devices; use gloo or auto on CPU")
+    return choice
+
+
+def init_distributed(job: JobConfig) -> DistEnv:
+    """Join the job's process group (or make a one-rank group when not launched) and pin the device."""
+    launched = is_launched()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = resolve_device(job.device, local_rank)
+    backend = resolve_backend(job.backend, device)
+    threads = job.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(local_world)
+    torch.set_num_threads(threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    if not dist.is_initialized():
+        if launched:
+            dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+        else:
+            # A one-rank group keeps one code path (DDP included) for 1 and N processes.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    master = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '-')}" if launched else "-"
+    nnodes = max(1, world // max(1, local_world))
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                   node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
+                   device=device, backend=backend, master=master, threads=threads)
+
+
+def gather_env_rows(env: DistEnv) -> list[dict]:
+    """Every rank's facts, gathered to all ranks (a collective: call it on every rank)."""
+    row = {"rank": env.rank, "local_rank": env.local_rank, "node": env.node_rank, "host": socket.gethostname(),
+           "device": str(env.device), "threads": torch.get_num_threads(), "pid": os.getpid()}
+    rows: list[dict] = [None] * env.world_size  # type: ignore[list-item]
+    dist.all_gather_object(rows, row)
+    return rows
+
+
+def shutdown() -> None:
+    """Leave the process group if one is open."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def env_summary(env: DistEnv) -> dict:
+    """JSON-friendly view of the environment."""
+    d = asdict(env)
+    d["device"] = str(env.device)
+    return d

@@ -1,0 +1,142 @@
+"""``trainscale launch``: a thin wrapper over ``torch.distributed.run`` (torchrun).
+
+Rendezvous, elastic restarts and worker supervision are torchrun's own; this module only builds
+its arguments, sets intra-op threads per rank, and prints the job's distributed environment once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError
+from .env import default_threads
+from .table import print_env_table
+
+__all__ = ["LaunchSpec", "launch", "LaunchFailed"]
+
+
+class LaunchFailed(RuntimeError):
+    """The job ended with a failed rank; the message names it and its error."""
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch and how (the arguments of ``trainscale launch``)."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    nproc_per_node: int = 1
+    nnodes: str = "1"
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "trainscale"
+    max_restarts: int = 0
+    threads: int = 0
+    module: bool = False
+    print_table: bool = True
+
+    def validate(self) -> None:
+        """Refuse what torchrun would fail on later, with one clear line."""
+        if self.nproc_per_node < 1:
+            raise ConfigError("--nproc-per-node", self.nproc_per_node, "must be >= 1")
+        lo, _, hi = self.nnodes.partition(":")
+        if not (lo.isdigit() and (not hi or hi.isdigit())) or int(lo) < 1 or (hi and int(hi) < int(lo)):
+            raise ConfigError("--nnodes", self.nnodes, "expected N or MIN:MAX with 1 <= MIN <= MAX")
+        if self.max_restarts < 0:
+            raise ConfigError("--max-restarts", self.max_restarts, "must be >= 0")
+        if self.threads < 0:
+            raise ConfigError("--threads", self.threads, "must be >= 0 (0: cores / local processes)")
+        if self.rdzv_endpoint and (self.master_addr or self.master_port):
+            raise ConfigError("--rdzv-endpoint", self.rdzv_endpoint, "give either it or --master-addr/--master-port")
+        if not self.module and not Path(self.script).is_file():
+            raise ConfigError("SCRIPT", self.script, "no such file (give a Python script, or -m MODULE)")
+
+    @property
+    def max_nodes(self) -> int:
+        return int(self.nnodes.split(":")[-1])
+
+    def torchrun_argv(self) -> list[str]:
+        """torchrun's options and the script (its arguments are attached after parsing, see ``launch``)."""
+        argv = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}",
+                f"--max-restarts={self.max_restarts}"]
+        if self.rdzv_endpoint:
+            argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+        elif self.master_addr or self.master_port or self.max_nodes > 1:
+            argv += [f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr or '127.0.0.1'}",
+                     f"--master-port={self.master_port or 29500}"]
+        else:
+            argv.append("--standalone")  # one node: torchrun picks a free port itself
+        if self.module:
+            argv.append("-m")
+        return argv + [self.script]
+
+
+def launch(spec: LaunchSpec) -> None:
+    """Run ``spec`` under torchrun on this node; raise LaunchFailed if a rank fails."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    spec.validate()
+    threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(spec.nproc_per_node)
+    # torchrun would otherwise force OMP_NUM_THREADS=1 on every rank (seed 004's num_threads question).
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if spec.print_table and spec.node_rank == 0:
+        os.environ["TRAINSCALE_TABLE_PRINTED"] = "1"  # the ranks need not print it again
+        print_env_table(_expected_rows(spec, threads), world=_world_text(spec), nodes=spec.nnodes,
+                        master=_master_text(spec), backend=_expected_backend())
+    args = parse_args(spec.torchrun_argv())
+    # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
+    # abbreviation of its own --nproc-per-node.
+    args.training_script_args = list(spec.args)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        raise LaunchFailed(_failure_text(e)) from None
+
+
+def _expected_backend() -> str:
+    return "nccl (CUDA available)" if torch.cuda.is_available() else "gloo (no CUDA)"
+
+
+def _world_text(spec: LaunchSpec) -> str:
+    if ":" in spec.nnodes and len(set(spec.nnodes.split(":"))) > 1:
+        return f"{spec.nproc_per_node} x nodes ({spec.nnodes}, elastic)"
+    return str(spec.nproc_per_node * spec.max_nodes)
+
+
+def _master_text(spec: LaunchSpec) -> str:
+    if spec.rdzv_endpoint:
+        return f"{spec.rdzv_endpoint} (c10d rendezvous)"
+    if spec.master_addr or spec.master_port or spec.max_nodes > 1:
+        return f"{spec.master_addr or '127.0.0.1'}:{spec.master_port or 29500}"
+    return "localhost:(free port, standalone)"
+
+
+def _expected_rows(spec: LaunchSpec, threads: int) -> list[dict]:
+    static = not spec.rdzv_endpoint and ":" not in spec.nnodes
+    ngpu = torch.cuda.device_count()
+    rows = []
+    for lr in range(spec.nproc_per_node):
+        rows.append({"rank": spec.node_rank * spec.nproc_per_node + lr if static else "at rendezvous",
+                     "local_rank": lr, "node": spec.node_rank,
+                     "device": f"cuda:{lr % ngpu}" if ngpu else "cpu", "threads": threads})
+    return rows
+
+
+def _failure_text(err: Exception) -> str:
+    """The root-cause rank and its error: the first to exit on its own, not those torchrun then stopped."""
+    failures = getattr(err, "failures", {}) or {}
+    if not failures:
+        return str(err)
+    rank, f = min(failures.items(), key=lambda kv: (kv[1].exitcode < 0, kv[1].timestamp, kv[0]))
+    msg = f.message.get("message", "") if isinstance(f.message, dict) else ""
+    lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()] if f.error_file_data else []
+    detail = lines[-1] if lines else (f"killed by {f.signal_name()}" if f.exitcode < 0 else
+                                      f"exit code {f.exitcode} (its traceback is above)")
+    return f"rank {rank} failed: {detail}"

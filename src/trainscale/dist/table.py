@@ -1,0 +1,26 @@
+"""The distributed-environment table printed once per job (as PaddlePaddle's launcher does, seed 004)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["print_env_table"]
+
+
+def print_env_table(rows: list[dict], *, world: str, nodes: str, master: str, backend: str) -> None:
+    """Print world size, nodes, master endpoint, backend, and one line per rank on stderr."""
+    console = Console(file=sys.stderr, width=120)
+    console.print(f"[bold]Distributed environment[/]  world size {world} | nodes {nodes} | master {master} | "
+                  f"backend {backend}", highlight=False)
+    table = Table()
+    for col in ("rank", "local_rank", "node", "device", "threads"):
+        table.add_column(col.replace("_", " "), justify="right")
+    extra = [k for k in ("host", "pid") if rows and k in rows[0]]
+    for col in extra:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(str(r[c]) for c in ("rank", "local_rank", "node", "device", "threads", *extra)))
+    console.print(table)

@@ -1,0 +1,201 @@
+"""The coordinator of the six coordinated modes: executes a :class:`Policy` on Ray actors.
+
+Gradients and parameters never pass through the coordinator: a learner returns one object per shard,
+the coordinator hands those references to the shards, and the shards' results (the new parameters) go
+as references to the learners. The coordinator only moves small metadata and decides. Every wait is a
+``ray.wait`` with a timeout; a learner that dies is noticed through its failed task, restarted by Ray,
+set up again in the background and launched when it is back; a shard that dies restores its snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
+
+from ..config import PsConfig
+from ..log import logger
+from .lr_rules import coefficients
+from .policies import Apply, Cancel, Launch, Policy
+from .record import PsError, RunRecord
+
+__all__ = ["Coordinator"]
+
+
+class Coordinator:
+    """Runs one coordinated-mode job on ``learners`` and ``shards`` (actor handles) until steps or time."""
+
+    def __init__(self, cfg: PsConfig, learners: list, shards: list, params: list, setup: Callable[[int], Any],
+                 on_update: Callable[[int, "Coordinator"], None] | None = None):
+        self.cfg, self.learners, self.shards, self.params = cfg, learners, shards, list(params)
+        self.setup, self.on_update = setup, on_update
+        self.policy = Policy(cfg.mode, len(learners), cfg.k)
+        self.rec = RunRecord()
+        self.pending: dict[Any, tuple[int, int, list]] = {}  # meta ref -> (ticket, learner, grad refs)
+        self.by_ticket: dict[int, Any] = {}
+        self.arrived: dict[int, tuple[list, dict]] = {}  # ticket -> (grad refs, meta), until applied
+        self.setups: dict[Any, int] = {}  # setup ref -> learner being brought back
+
+    # ------------------------------------------------------------------------------------ main loop
+
+    def run(self) -> RunRecord:
+        """Train until ``ps.steps`` updates (or ``ps.time_s`` seconds); returns the record."""
+        cfg, rec = self.cfg, self.rec
+        rec.t0 = time.perf_counter()
+        self._execute(self.policy.start())
+        deadline = cfg.time_s if cfg.time_s > 0 else None
+        try:
+            while not self._done(deadline):
+                wait_s = cfg.timeout_s if deadline is None else max(0.01, min(cfg.timeout_s, deadline - rec.now()))
+                ready, _ = ray.wait([*self.pending, *self.setups], num_returns=1, timeout=wait_s)
+                if not ready:
+                    if deadline is not None and rec.now() >= deadline:
+                        break
+                    raise PsError(f"no gradient arrived within ps.timeout_s = {cfg.timeout_s:g} s "
+                                  f"({len(self.pending)} mini-batches in flight, {len(self.setups)} learners restarting)")
+                for ref in ready:
+                    if ref in self.setups:
+                        self._rejoined(ref)
+                    else:
+                        self._arrived(ref)
+        finally:
+            for ref in list(self.pending):  # leave no mini-batch running behind the run
+                ray.cancel(ref)
+            self.pending.clear()
+        rec.wall_s = rec.now()
+        return rec
+
+    def _done(self, deadline: float | None) -> bool:
+        if deadline is not None:
+            return self.rec.now() >= deadline
+        return self.rec.updates >= self.cfg.steps
+
+    # ------------------------------------------------------------------------------------ events
+
+    def _arrived(self, ref: Any) -> None:
+        ticket, learner, grads = self.pending.pop(ref)
+        self.by_ticket.pop(ticket, None)
+        try:
+            meta = ray.get(ref, timeout=self.cfg.timeout_s)
+        except TaskCancelledError:
+            return
+        except RayActorError as e:
+            self._lost(learner, f"died ({type(e).__name__})")
+            return
+        except RayTaskError as e:
+            self._lost(learner, f"failed: {str(e).strip().splitlines()[-1]}", error=True)
+            return
+        self.rec.bytes_pushed += meta["pushed"]
+        self.rec.bytes_pulled += meta["pulled"]
+        self.arrived[ticket] = (grads, meta)
+        self._execute(self.policy.arrive(ticket))
+
+    def _lost(self, learner: int, why: str, error: bool = False) -> None:
+        """A learner's work failed: drop it, and bring the learner back with a fresh set-up."""
+        restarted = "NotSetUp" in why or not error
+        if restarted:
+            self.rec.learner_restarts += 1
+        else:
+            self.rec.errors += 1
+        logger.warning(f"ps: learner {learner} {why}; its work is dropped and it rejoins on the current parameters")
+        self._execute(self.policy.lost(learner))
+        self.setups[self.setup(learner)] = learner
+
+    def _rejoined(self, ref: Any) -> None:
+        learner = self.setups.pop(ref)
+        try:
+            ray.get(ref, timeout=self.cfg.timeout_s)
+        except (RayActorError, RayTaskError, GetTimeoutError) as e:
+            logger.error(f"ps: learner {learner} cannot come back ({type(e).__name__}); continuing without it")
+            try:
+                self._execute(self.policy.remove(learner))
+            except RuntimeError as gone:
+                raise PsError(str(gone)) from None
+            return
+        self._execute(self.policy.rejoin(learner))
+
+    # ------------------------------------------------------------------------------------ actions
+
+    def _execute(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Apply):
+                self._apply(action)
+            elif isinstance(action, Cancel):
+                ref = self.by_ticket.pop(action.ticket, None)
+                if ref is not None:
+                    self.pending.pop(ref, None)
+                    ray.cancel(ref)
+                    self.rec.cancelled += 1
+            elif isinstance(action, Launch):
+                self._launch(action)
+
+    def _launch(self, action: Launch) -> None:
+        learner = self.learners[action.learner]
+        refs = learner.compute.options(num_returns=len(self.shards) + 1).remote(
+            action.version, action.ticket, *self.params)
+        self.pending[refs[0]] = (action.ticket, action.learner, list(refs[1:]))
+        self.by_ticket[action.ticket] = refs[0]
+
+    def _apply(self, action: Apply) -> None:
+        cfg, rec = self.cfg, self.rec
+        taken = [self.arrived.pop(g.ticket) for g in action.grads]
+        sq = self._sq_distances([g.version for g in action.grads]) if cfg.lr_rule == "distance" else None
+        coefs = coefficients(cfg.lr_rule, cfg.lr, action.staleness, sq, cfg.lr_c, cfg.lr_max)
+        keep_from = self.policy.oldest_version()
+        calls = [shard.apply.options(num_returns=2).remote(action.version, coefs, keep_from,
+                                                           *[grads[s] for grads, _ in taken])
+                 for s, shard in enumerate(self.shards)]
+        # Waiting for the shards' small metadata (not the parameters) keeps failures visible here.
+        for s, (meta_ref, params_ref) in enumerate(calls):
+            meta = self._shard_call(s, meta_ref)
+            self.params[s] = params_ref if meta is not None else self._refetch(s)
+            if meta is not None and meta["restored_from"] is not None:
+                self._shard_restored(s, meta["restored_from"], action.version - 1)
+        rec.updates = action.version
+        rec.update_times.append(rec.now())
+        rec.staleness += list(action.staleness)
+        loss = sum(m["loss"] for _, m in taken) / len(taken)
+        rec.losses.append(loss)
+        rec.timeline.append({"update": action.version, "t": round(rec.update_times[-1], 6),
+                             "learners": [g.learner for g in action.grads], "staleness": list(action.staleness),
+                             "lr": [round(c * len(coefs), 8) for c in coefs], "loss": round(loss, 6)})
+        if cfg.eval_every and action.version % cfg.eval_every == 0:
+            rec.eval_points.append((action.version, rec.update_times[-1], list(self.params)))
+        if self.on_update is not None:
+            self.on_update(action.version, self)
+
+    # ------------------------------------------------------------------------------------ shards
+
+    def _sq_distances(self, versions: list[int]) -> list[float]:
+        parts = [self._shard_call(s, sh.sqdist.remote(versions)) for s, sh in enumerate(self.shards)]
+        return [sum(p[i] for p in parts if p is not None) for i in range(len(versions))]
+
+    def _shard_call(self, s: int, ref: Any) -> Any:
+        """The result of a shard call, or None when the shard died during it (it is restarting)."""
+        try:
+            return ray.get(ref, timeout=self.cfg.timeout_s)
+        except RayActorError:
+            return None
+        except GetTimeoutError:
+            raise PsError(f"server shard {s} did not answer within ps.timeout_s = {self.cfg.timeout_s:g} s") from None
+
+    def _refetch(self, s: int) -> Any:
+        """After shard ``s`` died: wait for Ray to restart it (it restores its snapshot) and take its parameters."""
+        meta_ref, params_ref = self.shards[s].get.options(num_returns=2).remote()
+        try:
+            meta = ray.get(meta_ref, timeout=self.cfg.timeout_s)
+        except (RayActorError, GetTimeoutError) as e:
+            raise PsError(f"server shard {s} died and did not come back ({type(e).__name__}); "
+                          "the job cannot continue without its parameters") from None
+        restored = meta["restored_from"] if meta["restored_from"] is not None else meta["version"]
+        self._shard_restored(s, restored, self.policy.version)
+        return params_ref
+
+    def _shard_restored(self, s: int, restored: int, expected: int) -> None:
+        lost = max(0, expected - restored)
+        self.rec.shard_restarts += 1
+        self.rec.updates_lost += lost
+        logger.warning(f"ps: server shard {s} restarted from its snapshot at version {restored}; "
+                       f"{lost} of its updates were lost")

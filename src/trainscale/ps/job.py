@@ -1,0 +1,158 @@
+"""One parameter-server run, start to finish: check, build, set up the actors, train, evaluate, summarise.
+
+Example (Ray already running)::
+
+    cfg = load_config(["--ps.mode", "k-sync", "--ps.learners", "4", "--ps.k", "2"])
+    summary = run_ps(cfg)
+    summary["eval_accuracy"], summary["updates_per_s"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..config import Config, ConfigError
+from ..log import logger
+from .delays import parse_delay
+from .policies import resolve_k
+from .sharding import Layout, balance
+
+__all__ = ["Plan", "preflight", "run_ps"]
+
+
+@dataclass
+class Plan:
+    """What the driver builds before any actor exists: data, model, how it is sharded, initial slices."""
+
+    cfg: Config
+    k: int
+    model: torch.nn.Module
+    layout: Layout
+    slices: list[np.ndarray]
+    train: Any
+    eval: Any
+    info: Any
+
+
+def preflight(cfg: Config) -> Plan:
+    """Every check that needs no Ray (bad input fails here with one line), and the initial model."""
+    from ..data import available_datasets, build_datasets
+    from ..models import build_model, check_name
+
+    ps = cfg.ps
+    check_name(cfg.model.name)
+    if cfg.data.name not in available_datasets():
+        raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets()))
+    parse_delay(ps.delay, ps.learners)
+    train, evals, info = build_datasets(cfg.data)
+    torch.manual_seed(cfg.job.seed)
+    model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
+    params = [p for p in model.parameters() if p.requires_grad]
+    layout = balance([tuple(p.shape) for p in params], ps.shards)
+    slices = layout.split([p.detach().numpy() for p in params])
+    return Plan(cfg, resolve_k(ps.mode, ps.learners, ps.k), model, layout, slices, train, evals, info)
+
+
+def _learner_spec(plan: Plan, rank: int) -> dict[str, Any]:
+    cfg = plan.cfg
+    return {"model": cfg.model.name, "width": cfg.model.width, "depth": cfg.model.depth,
+            "in_shape": list(plan.info.in_shape), "num_classes": plan.info.num_classes,
+            "mean": list(plan.info.mean), "std": list(plan.info.std), "shapes": [list(s) for s in plan.layout.shapes],
+            "shards": [list(s) for s in plan.layout.shards], "rank": rank, "world": cfg.ps.learners,
+            "batch_size": cfg.data.batch_size, "seed": cfg.job.seed, "delay": cfg.ps.delay}
+
+
+def _describe(update: int, driver: Any) -> str:
+    line = driver.rec.timeline[-1] if driver.rec.timeline else {}
+    if "staleness" in line:
+        return f"learners {line['learners']}  staleness {line['staleness']}  loss {line['loss']:.4f}"
+    return f"shard versions {line.get('versions', [])}"
+
+
+def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None] | None = None,
+           progress: str = "none", plan: Plan | None = None) -> dict[str, Any]:
+    """Train with ``cfg.ps`` on Ray (which must be running) and return the summary.
+
+    ``actors`` (a :class:`~trainscale.ps.actors.PsActors`) is reused when given, else created and ended
+    here. ``on_update(update, driver)`` is called after every update (tests inject failures from it).
+    """
+    import ray
+
+    from .actors import PsActors
+    from .coordinator import Coordinator
+    from .downpour import DownpourDriver
+    from .progress import PsProgress
+    from .record import PsError
+    from .summary import evaluate, summarize
+
+    ps = cfg.ps
+    plan = plan or preflight(cfg)
+    own = actors is None
+    if own:
+        actors = PsActors(ps.learners, ps.shards, ps.threads, ps.max_restarts, ps.snapshot_dir)
+    elif not actors.fits(ps.learners, ps.shards):
+        actors.grow(ps.learners)
+        if not actors.fits(ps.learners, ps.shards):
+            raise ConfigError("ps.shards", ps.shards, f"these actors have only {len(actors.shards)} shards")
+    view: Any = None
+    try:
+        learners, shards = actors.learners[:ps.learners], actors.shards[:ps.shards]
+        images = ray.put(plan.train.images.numpy())
+        labels = ray.put(plan.train.labels.numpy())
+
+        def setup(i: int) -> Any:
+            return learners[i].setup.remote(_learner_spec(plan, i), images, labels)
+
+        downpour = ps.mode == "downpour"
+        opts = {"lr": ps.lr, "lr_rule": ps.lr_rule, "snapshot_every": ps.snapshot_every,
+                "keep_history": ps.lr_rule == "distance", "optimizer": "adagrad" if downpour else "sgd"}
+        # Learners import torch when they start: give the first set-up longer than a normal wait.
+        startup_s = ps.timeout_s + 20.0 * ps.learners
+        _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s, "server shards")
+        _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")
+
+        view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
+
+        def hook(update: int, driver: Any) -> None:
+            view.update(update, _describe(update, driver))
+            if on_update is not None:
+                on_update(update, driver)
+
+        if downpour:
+            driver: Any = DownpourDriver(ps, learners, shards, setup, hook)
+        else:
+            params = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
+            driver = Coordinator(ps, learners, shards, params, setup, hook)
+        logger.info(f"ps: {ps.mode} with {ps.learners} learners (K = {plan.k}), {ps.shards} shard(s), "
+                    f"{plan.layout.numel:,} parameters, delay {ps.delay}")
+        rec = driver.run()
+        view.close()
+        final = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
+        ev = plan.eval
+
+        def accuracy(refs: list) -> float:
+            return evaluate(plan.model, plan.layout, ray.get(refs, timeout=ps.timeout_s), ev.images, ev.labels,
+                            plan.info.mean, plan.info.std)
+
+        curve = [{"update": u, "t": round(t, 6), "accuracy": accuracy(refs)} for u, t, refs in rec.eval_points]
+        return summarize(ps, plan.k, rec, accuracy(final), curve)
+    finally:
+        if view is not None:
+            view.close()
+        if own:
+            actors.close()
+
+
+def _wait_all(refs: list, timeout_s: float, what: str) -> list:
+    import ray
+
+    from .record import PsError
+
+    ready, rest = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if rest:
+        raise PsError(f"{len(rest)} of {len(refs)} {what} did not start within {timeout_s:.0f} s")
+    return ray.get(ready, timeout=timeout_s)

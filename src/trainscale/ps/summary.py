@@ -1,0 +1,63 @@
+"""The ``--json`` summary of a parameter-server run, and evaluation of its parameters."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import PsConfig
+from .record import RunRecord
+from .sharding import Layout
+
+__all__ = ["evaluate", "summarize"]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, layout: Layout, slices: Sequence[np.ndarray], images: torch.Tensor,
+             labels: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> float:
+    """Accuracy of ``model`` carrying the parameters ``slices`` on (uint8 images, labels)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p, w in zip(params, layout.join(slices)):
+        p.copy_(torch.from_numpy(np.array(w, dtype=np.float32)))
+    model.eval()
+    c = len(mean)
+    x = (images.float() - torch.tensor(mean).view(1, c, 1, 1)) / torch.tensor(std).view(1, c, 1, 1)
+    correct = 0
+    for i in range(0, len(labels), 512):
+        correct += int((model(x[i:i + 512]).argmax(1) == labels[i:i + 512]).sum())
+    return correct / max(1, len(labels))
+
+
+def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float,
+              eval_curve: list[dict[str, float]]) -> dict[str, Any]:
+    """One JSON-ready object with the fields of issue 6 (plus counters and the timeline).
+
+    ``mean_update_interval_s`` is measured from the first update to the last, so the start-up of the
+    learners is not in it; ``loss_last`` averages the last tenth of the updates.
+    """
+    times = rec.update_times
+    interval = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else (times[0] if times else 0.0)
+    if rec.stale_stats is not None:
+        s_sum, s_count, s_max = rec.stale_stats
+        stale_mean, stale_max = (s_sum / s_count if s_count else 0.0), s_max
+    else:
+        stale_mean = float(np.mean(rec.staleness)) if rec.staleness else 0.0
+        stale_max = int(max(rec.staleness)) if rec.staleness else 0
+    tail = rec.losses[-max(1, len(rec.losses) // 10):]
+    loss_first = rec.loss_first if rec.loss_first is not None else (rec.losses[0] if rec.losses else None)
+    loss_last = rec.loss_last if rec.loss_last is not None else (float(np.mean(tail)) if tail else None)
+    return {
+        "mode": cfg.mode, "learners": cfg.learners, "k": k, "shards": cfg.shards, "lr_rule": cfg.lr_rule,
+        "delay": cfg.delay, "updates": rec.updates,
+        "updates_per_s": rec.updates / rec.wall_s if rec.wall_s > 0 else 0.0,
+        "mean_update_interval_s": interval,
+        "staleness_mean": stale_mean, "staleness_max": stale_max,
+        "loss_first": loss_first, "loss_last": loss_last, "eval_accuracy": eval_accuracy,
+        "bytes_pushed": rec.bytes_pushed, "bytes_pulled": rec.bytes_pulled, "wall_s": rec.wall_s,
+        "restarts": rec.restarts, "learner_restarts": rec.learner_restarts, "shard_restarts": rec.shard_restarts,
+        "updates_lost": rec.updates_lost, "cancelled": rec.cancelled, "errors": rec.errors,
+        "eval_curve": eval_curve, "timeline": rec.timeline,
+    }

@@ -1,0 +1,95 @@
+"""``trainscale launch`` runs an ordinary torchrun script unchanged, and prints the environment table."""
+
+import json
+import os
+
+import pytest
+
+from conftest import run_cli
+
+TORCHRUN_SCRIPT = '''
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo")
+torch.manual_seed(rank)              # different init per rank: DDP must broadcast rank 0's
+model = DDP(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+w = [p.detach().flatten().tolist() for p in model.parameters()]
+out = sys.argv[1]
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump({"rank": rank, "world": world, "threads": torch.get_num_threads(), "w": w}, f)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+def test_launch_runs_a_plain_torchrun_script(tmp_path):
+    script = tmp_path / "plain_ddp.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    r = run_cli(["launch", "--nproc-per-node", "2", str(script), str(tmp_path)], timeout=80)
+    assert r.rc == 0, r.text
+    outs = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [o["world"] for o in outs] == [2, 2]
+    assert outs[0]["w"] == outs[1]["w"]                 # gradients were averaged: same weights
+    assert "Distributed environment" in r.err and "world size 2" in r.err
+    assert r.err.count("Distributed environment") == 1  # printed once
+    assert all(o["threads"] >= 1 for o in outs)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(60)
+def test_threads_default_to_cores_per_process_and_can_be_set(tmp_path):
+    script = tmp_path / "plain_ddp.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    cores = len(os.sched_getaffinity(0))
+    r = run_cli(["launch", "--nproc-per-node", "1", str(script), str(tmp_path)], timeout=50)
+    assert r.rc == 0, r.text
+    assert json.loads((tmp_path / "rank0.json").read_text())["threads"] == cores   # not a silent 1
+    r = run_cli(["launch", "--nproc-per-node", "1", "--threads", "1", str(script), str(tmp_path)], timeout=50)
+    assert r.rc == 0, r.text
+    assert json.loads((tmp_path / "rank0.json").read_text())["threads"] == 1
+
+
+PREPARE_SCRIPT = '''
+import json, os, sys, torch
+import trainscale
+
+model, env = trainscale.prepare(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+torch.manual_seed(env.rank)          # different data per rank
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+with open(os.path.join(sys.argv[1], f"p{env.rank}.json"), "w") as f:
+    json.dump([p.detach().flatten().tolist() for p in model.parameters()], f)
+'''
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+def test_prepare_in_a_users_own_loop(tmp_path):
+    script = tmp_path / "own_loop.py"
+    script.write_text(PREPARE_SCRIPT)
+    r = run_cli(["launch", "--nproc-per-node", "2", str(script), str(tmp_path)], timeout=80)
+    assert r.rc == 0, r.text
+    w0, w1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
+    assert w0 == w1
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+def test_train_joins_an_existing_launch(tmp_path):
+    out = tmp_path / "s.json"
+    r = run_cli(["launch", "--nproc-per-node", "2", "-m", "trainscale", "train", "--nproc", "2", "--steps", "5",
+                 "--log.progress", "none", "--json", str(out)], timeout=80)
+    assert r.rc == 0, r.text
+    assert json.loads(out.read_text())["world_size"] == 2   # --nproc did not launch 2 x 2
