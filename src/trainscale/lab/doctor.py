@@ -188,8 +188,8 @@ def main(argv: list[str]) -> int:
     args, rest = _parser().parse_known_args(argv)
     if args.nproc < 2:
         raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2")
-    if args.repeat < 1:
-        raise ConfigError("--repeat", args.repeat, "must be >= 1")
+    if args.repeat < 2:
+        raise ConfigError("--repeat", args.repeat, "must be >= 2: the noise is measured across repeats")
     cfg = check_train_args(rest)
     n, R = args.nproc, args.repeat
     out = Path(args.out)
