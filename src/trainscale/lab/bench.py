@@ -94,13 +94,12 @@ def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str
 
 def _table(points: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("processes", "samples/s", "speed-up", "efficiency", "comm overhead", "data wait", "step time",
-                "spread"):
+    for col in ("procs", "samples/s", "speed-up", "effic.", "comm ms", "data wait", "step ms", "spread"):
         t.add_column(col, justify="right")
     for p in points:
         t.add_row(str(p["world_size"]), f"{p['samples_per_s']:,.0f}", f"{p['speedup']:.2f}x",
-                  f"{p['efficiency']:.0%}", f"{p['comm_overhead_s'] * 1e3:+.2f} ms", f"{p['data_wait_frac']:.1%}",
-                  f"{p['step_time_s'] * 1e3:.2f} ms", f"{p['spread']:.1%}")
+                  f"{p['efficiency']:.0%}", f"{p['comm_overhead_s'] * 1e3:+.2f}", f"{p['data_wait_frac']:.1%}",
+                  f"{p['step_time_s'] * 1e3:.2f}", f"{p['spread']:.1%}")
     return t
 
 
