@@ -42,6 +42,10 @@ COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "dis
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
 def _t(runs: Runs, cfg: str, k: int) -> list[float]:
     return [job_step_time(s) for s in runs.get((cfg, k), [])]
 
@@ -124,13 +128,13 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         "input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], loss,
         f"data wait {median(s.get('data_wait_frac') for s in runs[('base', n)]):.0%} of the step at {n} processes vs "
         f"{median(s.get('data_wait_frac') for s in runs[('base', 1)]):.0%} at 1; one batch kept on the device "
-        f"saves {median(bn) - median(dn):+.2e} s/step at {n} vs {median(b1) - median(d1):+.2e} s at 1",
+        f"saves {_ms(median(bn) - median(dn))} ms/step at {n} vs {_ms(median(b1) - median(d1))} ms at 1",
         *suggest("input", ctx)))
     causes.append(_cause(
         "communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]], loss,
         f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
         f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
-        f"{median(dn) - median(cn):+.2e} s/step at {n} processes", *suggest("communication", ctx)))
+        f"{_ms(median(dn) - median(cn))} ms/step at {n} processes", *suggest("communication", ctx)))
     # Stragglers: ranks decoupled (no comm, no data) still each report their compute time.
     gaps = [max_rank_gap(s.get("rank_compute_s") or []) for s in runs[("no_comm", n)][:R]]
     worst = statistics.mode([g[1] for g in gaps]) if gaps else 0
@@ -138,7 +142,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     rank_c = [median(s["rank_compute_s"][i] for s in runs[("no_comm", n)][:R])
               for i in range(len(runs[("no_comm", n)][0].get("rank_compute_s") or []))]
     strag = _cause("straggler", strag_r, [], loss,
-                   f"rank {worst} computes {median(strag_r):.2e} s/step longer than the median of the others "
+                   f"rank {worst} computes {_ms(median(strag_r))} ms/step longer than the median of the others "
                    f"(per-rank forward+backward: {', '.join(f'{c * 1e3:.2f} ms' for c in rank_c)})",
                    *suggest("straggler", {**ctx, "rank": worst}), rank=worst)
     sl1, sln = _t(runs, "sleep", 1)[:R], _t(runs, "sleep", n)[:R]
@@ -148,7 +152,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         causes.append(_cause(
             "framework_overhead", fw_r, [se["sleep", 1], se["sleep", n]], loss,
             f"sleep test (every leaf module's compute replaced by a sleep of its measured duration): "
-            f"{median(sl1):.2e} s/step at 1 vs {median(sln):.2e} s at {n}", *suggest("framework_overhead", ctx)))
+            f"{_ms(median(sl1))} ms/step at 1 vs {_ms(median(sln))} ms at {n}", *suggest("framework_overhead", ctx)))
         compute_r = [cside_r[i] - fw_r[i] for i in range(R)]
     else:
         compute_r = cside_r
@@ -172,7 +176,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     causes.append(_cause(
         "compute_interference", inter_r, [se["no_comm", 1], se["no_comm", n]] +
         ([se["sleep", 1], se["sleep", n]] if have_sleep else []), loss,
-        f"forward+backward without data and communication: {median(c1):.2e} s/step at 1 vs {median(cn):.2e} s at "
+        f"forward+backward without data and communication: {_ms(median(c1))} ms/step at 1 vs {_ms(median(cn))} ms at "
         f"{n}" + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
         f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {base_n.get('threads')} at {n}",
         *suggest("compute_interference", ctx)))
@@ -182,7 +186,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         gain_r = [bn[i] - job_step_time(s) for i, s in enumerate(threads[best_t][:R])]
         causes.append(_cause(
             "threads", gain_r, [se["base", n], median(median_se(s) for s in threads[best_t])], loss,
-            f"{n} processes with {best_t} intra-op thread(s) each: {best:.2e} s/step vs {tn:.2e} s with "
+            f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
     real_loss = math.isfinite(loss) and loss > loss_noise
     for c in causes:
