@@ -233,6 +233,8 @@ class AblateConfig(_Section):
         "none", "sleep: each leaf module's forward and backward replaced by a sleep of its duration measured in "
                 "ablate.calibrate_steps calibration steps of the same run (the framework, collectives remain)")
     calibrate_steps: int = _f(5, "steps timed per module before compute is replaced by sleeps (not measured)")
+    sleep_times: str = _f("", "sleep_times.json of an earlier sleep test: sleep those durations instead of calibrating "
+                              "here, so that runs at 1 and N processes sleep alike (seed 000 used one op time)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

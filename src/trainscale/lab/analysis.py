@@ -151,7 +151,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         fw_r = [sln[i] - sl1[i] for i in range(R)]
         causes.append(_cause(
             "framework_overhead", fw_r, [se["sleep", 1], se["sleep", n]], loss,
-            f"sleep test (every leaf module's compute replaced by a sleep of its measured duration): "
+            f"sleep test (every leaf module's compute replaced by a sleep of its duration measured at 1 process): "
             f"{_ms(median(sl1))} ms/step at 1 vs {_ms(median(sln))} ms at {n}", *suggest("framework_overhead", ctx)))
         compute_r = [cside_r[i] - fw_r[i] for i in range(R)]
     else:

@@ -53,7 +53,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     cfg = load_config(rest, args.config, extra)
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError("--nproc", args.nproc, "must be >= 1")
-    warm = cfg.log.skip_first + cfg.ablate.calibrate_steps
+    if cfg.ablate.sleep_times and not Path(cfg.ablate.sleep_times).is_file():
+        raise ConfigError("ablate.sleep_times", cfg.ablate.sleep_times, "no such file (a sleep_times.json written by "
+                          "an earlier --ablate.compute sleep run)")
+    warm = cfg.log.skip_first + (0 if cfg.ablate.sleep_times else cfg.ablate.calibrate_steps)
     if cfg.ablate.compute == "sleep" and cfg.job.steps <= warm:
         raise ConfigError("job.steps", cfg.job.steps, f"must exceed the {warm} unmeasured warm-up/calibration steps "
                           "(log.skip_first + ablate.calibrate_steps)")

@@ -215,6 +215,34 @@ class SleepCompute:
 
     # -------------------------------------------------------------------------- replacement
 
+    def export(self) -> dict[str, Any]:
+        """The calibrated durations, per leaf module and call, for ``ablate.sleep_times`` of another run."""
+        mods = []
+        for i, (name, _) in enumerate(self.leaves):
+            calls = []
+            for c in range(max((k[1] + 1 for k in self.fwd if k[0] == i), default=0)):
+                out = self.outputs.get((i, c))
+                if out is None:
+                    break
+                calls.append({"fwd_s": statistics.median(self.fwd[(i, c)]),
+                              "bwd_s": statistics.median(self.bwd.get((i, c), [0.0])),
+                              "shape": list(out.shape), "dtype": str(out.dtype).replace("torch.", "")})
+            mods.append({"name": name, "calls": calls})
+        return {"modules": mods}
+
+    def load(self, data: dict[str, Any], device: torch.device) -> None:
+        """Take durations from an earlier calibration instead of measuring here, then install the sleeps."""
+        index = {name: i for i, (name, _) in enumerate(self.leaves)}
+        for m in data.get("modules", []):
+            i = index.get(m["name"])
+            if i is None:
+                continue
+            for c, call in enumerate(m["calls"]):
+                key = (i, c)
+                self.fwd[key], self.bwd[key] = [call["fwd_s"]], [call["bwd_s"]]
+                self.outputs[key] = torch.zeros(call["shape"], dtype=getattr(torch, call["dtype"]), device=device)
+        self.install()
+
     def uninstall(self) -> None:
         """Give every leaf its real forward back (evaluation and checkpoints use real compute)."""
         for h in self.handles:

@@ -6,6 +6,7 @@ Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``tr
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -98,8 +99,10 @@ class Trainer:
         # Measurement and controlled experiments (the doctor's ablations and injected faults).
         self.clock = ComputeClock(env.device, cfg.job.slow_factor if env.rank == cfg.job.slow_rank else 1.0)
         self.sleep_test = SleepCompute(self.p.module, env.device) if cfg.ablate.compute == "sleep" else None
-        self.calib_steps = cfg.ablate.calibrate_steps if self.sleep_test else 0
-        if self.sleep_test:
+        self.calib_steps = cfg.ablate.calibrate_steps if self.sleep_test and not cfg.ablate.sleep_times else 0
+        if self.sleep_test and cfg.ablate.sleep_times:
+            self.sleep_test.load(json.loads(Path(cfg.ablate.sleep_times).read_text()), env.device)
+        elif self.sleep_test:
             self.sleep_test.start_calibration()
         self.profiler = OpProfiler(env.device) if cfg.log.profile and env.is_main else None
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
@@ -189,6 +192,7 @@ class Trainer:
         window_n, window_t0 = 0, time.perf_counter()
         t_prev = time.perf_counter()
         warm = cfg.log.skip_first + self.calib_steps  # steps excluded from every timing
+        artefacts: dict[str, Any] = {}
         try:
             while self.step < cfg.job.steps:
                 if self.profiler and self.step - start_step == warm:
@@ -207,6 +211,7 @@ class Trainer:
                     self.sleep_test.end_step()
                     if self.step - start_step >= self.calib_steps:
                         self.sleep_test.install()
+                        artefacts["sleep_times"] = self._write_sleep_times()
                 t_prev = now
                 if loss_first is None:
                     loss_first = loss.clone()
@@ -235,7 +240,8 @@ class Trainer:
             view.close()
             if self.sleep_test:
                 self.sleep_test.uninstall()  # evaluation runs the real modules
-        artefacts = self._write_profile() if self.profiler else {}
+        if self.profiler:
+            artefacts.update(self._write_profile())
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
             calls = bucket_count(self.p.model) if not self.p.post_backward else len(self.p.post_backward)
         eval_loss, eval_acc, eval_n = self._evaluate(None)
@@ -251,10 +257,20 @@ class Trainer:
                 print_summary(summary)
         return summary
 
+    def _artefact_dir(self) -> Path:
+        return Path(self.cfg.job.out or (Path(self.json_path).parent if self.json_path else "."))
+
+    def _write_sleep_times(self) -> str:
+        """Rank 0's calibrated module durations, reusable by another run through ``ablate.sleep_times``."""
+        path = self._artefact_dir() / "sleep_times.json"
+        if self.env.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.sleep_test.export()) + "\n")  # type: ignore[union-attr]
+        return str(path)
+
     def _write_profile(self) -> dict[str, str]:
         """Rank 0's per-operator table, into job.out, else beside the summary JSON, else here."""
-        folder = Path(self.cfg.job.out or (Path(self.json_path).parent if self.json_path else "."))
-        return self.profiler.write(folder, self.env.world_size)  # type: ignore[union-attr]
+        return self.profiler.write(self._artefact_dir(), self.env.world_size)  # type: ignore[union-attr]
 
     def _evaluate(self, view: ProgressView | None) -> tuple[float, float, int]:
         if self.eval_data is None or len(self.eval_data) == 0:
