@@ -124,6 +124,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) for i in range(R)]
     cside_r = [cn[i] - c1[i] for i in range(R)]
     base_n = runs[("base", n)][0]
+    ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step")}
     causes.append(_cause(
         "input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], loss,
         f"data wait {median(s.get('data_wait_frac') for s in runs[('base', n)]):.0%} of the step at {n} processes vs "

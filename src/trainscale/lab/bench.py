@@ -73,6 +73,7 @@ def make_point(nproc: int, world: int, runs: list[dict[str, Any]]) -> dict[str, 
         "data_wait_frac": median(r.get("data_wait_frac") for r in runs),
         "compute_s": median(max(r.get("rank_compute_s") or [float("nan")]) for r in runs),
         "global_batch": runs[0]["global_batch"], "batch_size": runs[0]["batch_size"],
+        "threads": runs[0].get("threads"),
         "samples_per_s_runs": sps,
     }
 
@@ -155,6 +156,11 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                    ("img", PLOTS[0], "Throughput with the ideal (linear) line; vertical bars: range over repeats"),
                    ("img", PLOTS[1], "Scaling efficiency"),
                    ("img", PLOTS[2], "Where a step's time goes (medians)")]
+    threads = {p["world_size"]: p.get("threads") for p in points}
+    if len(set(threads.values())) > 1:
+        blocks.append(("p", "Note: intra-op threads per process differ between points (" +
+                       ", ".join(f"{t} at {w}" for w, t in threads.items()) + "): the smaller runs had more cores "
+                       "each, so this is not a like-for-like comparison; pass --job.threads T to fix it."))
     if doc.get("error"):
         e = doc["error"]
         blocks += [("h2", "Stopped by a failed run"),
@@ -236,6 +242,10 @@ def main(argv: list[str]) -> int:
                                             f"{args.repeat} run(s) per point, medians)"))
     console.print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, {out / 'report.html'}"
                   + (", " + ", ".join(str(out / p) for p in PLOTS) if doc["points"] else ""))
+    threads = {p["world_size"]: p.get("threads") for p in doc["points"]}
+    if len(set(threads.values())) > 1:
+        err_console.print("note: threads per process differ between points (" + ", ".join(
+            f"{t} at {w}" for w, t in threads.items()) + "); --job.threads T compares like with like")
     if failed:
         err_console.print(f"trainscale bench: run with {failed['nproc']} process(es) failed: {failed['message']}\n"
                           f"  command: {failed['command']}\n  sweep stopped; {len(doc['points'])} point(s) "

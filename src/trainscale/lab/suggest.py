@@ -22,10 +22,10 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """(advice, flags that ``--apply`` can try); flags are empty when the fix is outside the job's options."""
     sf, df = ctx.get("strategy_fields", []), ctx.get("data_fields", [])
     if cause == "communication":
-        bucket = ctx.get("bucket_mb", 25.0)
-        if bucket < 25:
+        bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
+        if bucket < 25 and calls != 1:
             return (f"fuse gradients into bigger all-reduce buckets: --strategy.bucket_mb 25 (now {bucket:g}: "
-                    "many small all-reduces, each paying the latency)", {"strategy.bucket_mb": "25"})
+                    f"{calls or 'many'} small all-reduces per step, each paying the latency)", {"strategy.bucket_mb": "25"})
         if not ctx.get("overlap", True):
             return ("overlap the all-reduce with backward: --strategy.overlap true", {"strategy.overlap": "true"})
         if "compression" in sf:
@@ -33,9 +33,10 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
                     {"strategy.compression": "fp16"})
         if "local_sgd_period" in sf:
             return "synchronise less often: --strategy.local_sgd_period 4", {"strategy.local_sgd_period": "4"}
-        return (f"bigger buckets (--strategy.bucket_mb {max(50, int(bucket * 2))}), or a larger per-device batch "
-                "(--batch-size) so that each all-reduce is amortised over more compute",
-                {"strategy.bucket_mb": str(max(50, int(bucket * 2)))})
+        batch = 2 * int(ctx.get("batch_size", 32))
+        return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
+                f"with a larger per-device batch (--batch-size {batch}, with --optim.lr_scaling linear)",
+                {"data.batch_size": str(batch)})
     if cause == "input":
         extra = " and --data.prefetch 4" if "prefetch" in df else ""
         if ctx.get("sample_delay_ms"):
