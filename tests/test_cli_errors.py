@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import FAST, run_cli
+from clitools import FAST, run_cli
 
 
 def _one_line(err: str) -> str:

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from conftest import FAST, read_json, run_cli
+from clitools import FAST, read_json, run_cli
 from trainscale.config import JobConfig, StrategyConfig
 from trainscale.dist import init_distributed, shutdown
 from trainscale.models import build_model, count_tensors

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from clitools import run_cli
 
 TORCHRUN_SCRIPT = '''
 import json, os, sys
@@ -93,3 +93,52 @@ def test_train_joins_an_existing_launch(tmp_path):
                  "--log.progress", "none", "--json", str(out)], timeout=80)
     assert r.rc == 0, r.text
     assert json.loads(out.read_text())["world_size"] == 2   # --nproc did not launch 2 x 2
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_two_nodes_with_static_rendezvous_on_loopback(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "plain_ddp.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "trainscale", "launch", "--nnodes", "2", "--node-rank", str(n),
+                               "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1",
+                               str(script), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["w"] == ranks[1]["w"]
+    assert "Distributed environment" in outs[0][1] and "Distributed environment" not in outs[1][1]
+
+
+RESTART_SCRIPT = '''
+import os, sys
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 0 and os.environ["RANK"] == "1":
+    sys.exit("first attempt fails on purpose")
+open(os.path.join(sys.argv[1], f"ok{os.environ['RANK']}-{attempt}"), "w").close()
+'''
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_max_restarts_restarts_the_workers(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(RESTART_SCRIPT)
+    r = run_cli(["launch", "--nproc-per-node", "2", "--max-restarts", "1", str(script), str(tmp_path)], timeout=100)
+    assert r.rc == 0, r.text
+    assert (tmp_path / "ok0-1").exists() and (tmp_path / "ok1-1").exists()
+    (tmp_path / "x").mkdir()
+    r = run_cli(["launch", "--nproc-per-node", "2", str(tmp_path / "flaky.py"), str(tmp_path / "x")], timeout=100)
+    assert r.rc == 1 and "rank 1 failed" in r.err

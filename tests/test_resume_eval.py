@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import FAST, read_json, run_cli
+from clitools import FAST, read_json, run_cli
 from trainscale.config import DataConfig
 from trainscale.data import DeviceNormalize, build_datasets
 from trainscale.models import build_model

@@ -127,9 +127,10 @@ class DataConfig(_Section):
     """Where samples come from and how they are batched."""
 
     _name = "data"
-    name: str = _f("digits", "registry name: synthetic, digits (scikit-learn's handwritten digits)")
+    name: str = _f("digits", "registry name: synthetic, digits (scikit-learn's handwritten digits), "
+                   "imagefolder (data.path = ROOT/CLASS/IMAGE.jpg), packed (data.path = a `trainscale data pack` folder)")
     batch_size: int = _f(32, "samples per process per micro-step")
-    image_size: int = _f(32, "side of synthetic images (digits are 8x8)")
+    image_size: int = _f(32, "side of the images the model sees (synthetic, imagefolder, packed; digits are 8x8)")
     channels: int = _f(3, "channels of synthetic images")
     num_classes: int = _f(10, "classes of synthetic data")
     train_size: int = _f(2048, "samples in the synthetic training set")
@@ -139,6 +140,15 @@ class DataConfig(_Section):
     sample_delay_ms: float = _f(0.0, "simulated storage latency per training sample read (slow disk experiments)")
     sample_delay_scope: Literal["node", "process"] = _f(
         "node", "node: one simulated disk per machine, reads of all its processes queue; process: one per process")
+    path: str = _f("", "imagefolder: the training folder; packed: the pack folder")
+    eval_path: str = _f("", "imagefolder/packed: evaluation folder or pack; empty: no evaluation set")
+    prefetch: int = _f(2, "batches a background thread keeps ready on the device (CUDA: copied on a side stream); "
+                          "0: load in the step")
+    decoder: Literal["auto", "opencv", "pillow"] = _f("auto", "image decoder; auto: opencv when installed "
+                                                               "(about 2x faster here), else pillow")
+    on_error: Literal["skip", "raise"] = _f("skip", "an unreadable image: skip (warn, count, leave it out) or raise")
+    backend: Literal["torch", "dali"] = _f("torch", "torch: DataLoader workers + prefetcher; dali: NVIDIA DALI "
+                                                    "(imagefolder on CUDA, needs nvidia-dali)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,6 +157,7 @@ class DataConfig(_Section):
             self._at_least(f, 1)
         self._at_least("eval_size", 0)
         self._at_least("workers", 0)
+        self._at_least("prefetch", 0)
 
 
 @dataclass
@@ -178,16 +189,45 @@ class StrategyConfig(_Section):
 
     _name = "strategy"
     name: Literal["ddp"] = _f("ddp", "ddp: synchronous data parallel, one process per device")
-    bucket_mb: float = _f(25.0, "fused all-reduce bucket size in MB; 0: one all-reduce per gradient tensor")
+    bucket_mb: float | Literal["auto"] = _f(
+        25.0, "fused all-reduce bucket size in MB; 0: one all-reduce per gradient tensor; auto: try "
+        "strategy.bucket_candidates on the first steps and keep the fastest")
     overlap: bool = _f(True, "true: all-reduce buckets as they become ready in backward; false: after backward")
     grad_accum: int = _f(1, "micro-steps per optimizer step; gradients are exchanged on the last one only")
     amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 uses a dynamic loss scaler and needs CUDA")
     broadcast_buffers: bool = _f(True, "sync BatchNorm running stats from rank 0 every forward (DDP's default)")
+    hierarchical: bool = _f(False, "all-reduce in two levels: reduce-scatter inside each node, all-reduce across "
+                            "nodes, all-gather inside each node")
+    local_size: int = _f(0, "processes per node for hierarchical; 0: the launcher's LOCAL_WORLD_SIZE")
+    compression: Literal["none", "fp16", "bf16", "powersgd"] = _f(
+        "none", "gradient compression on the wire (PyTorch's DDP comm hooks)")
+    powersgd_rank: int = _f(1, "rank of PowerSGD's low-rank approximation")
+    powersgd_warmup: int = _f(10, "steps of plain all-reduce before PowerSGD starts (at least 2)")
+    comm_groups: int = _f(1, "process groups the buckets are spread over, so their all-reduces run concurrently")
+    local_sgd_period: int = _f(0, "local SGD: average parameters every H steps, no gradient exchange between; 0: off")
+    local_sgd_warmup: int = _f(0, "synchronous steps before local SGD starts")
+    shard_optimizer: bool = _f(False, "shard optimizer state across ranks (ZeroRedundancyOptimizer)")
+    bucket_candidates: str = _f("1,4,16,64", "bucket sizes in MB that bucket_mb auto tries")
+    autotune_steps: int = _f(3, "timed steps per bucket size tried by bucket_mb auto (after 2 warm-up steps)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._at_least("bucket_mb", 0, "0 means one all-reduce per gradient tensor")
+        if self.bucket_mb != "auto":
+            self._at_least("bucket_mb", 0, "0 means one all-reduce per gradient tensor, or auto")
         self._at_least("grad_accum", 1)
+        self._at_least("local_size", 0, "0 means the launcher's LOCAL_WORLD_SIZE")
+        self._at_least("powersgd_rank", 1, "the rank of the low-rank approximation")
+        self._at_least("powersgd_warmup", 2, "DDP rebuilds its buckets after the first step")
+        self._at_least("comm_groups", 1)
+        self._at_least("local_sgd_period", 0, "0 means off")
+        self._at_least("local_sgd_warmup", 0)
+        self._at_least("autotune_steps", 1)
+        try:
+            cands = [float(c) for c in str(self.bucket_candidates).split(",")]
+        except ValueError:
+            cands = []
+        if not cands or min(cands) < 0:
+            self._fail("bucket_candidates", "comma-separated sizes in MB >= 0, e.g. 1,4,16,64")
 
 
 @dataclass

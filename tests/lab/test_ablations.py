@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, read_json, run_cli
+from clitools import FAST, read_json, run_cli
 
 HERE = Path(__file__).parent
 TINY = [*FAST, "--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", "--data.train_size", "256",

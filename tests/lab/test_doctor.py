@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_json, run_cli
+from clitools import read_json, run_cli
 
 HERE = Path(__file__).parent
 ENV = {"PYTHONPATH": f"{HERE}:{Path(__file__).parents[2] / 'src'}"}

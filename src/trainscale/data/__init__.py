@@ -1,8 +1,11 @@
 """Datasets, sharded samplers and loaders that keep samples uint8 until the device."""
 
+from .build import build_train_loader, check_data
+from .checks import data_wait_advice, startup_warnings
 from .datasets import DataInfo, TensorImages, available_datasets, build_datasets, register_dataset
-from .loader import DeviceNormalize, TrainLoader, eval_batches
-from .sampler import ShardedSampler, eval_indices
+from .loader import DeviceNormalize, Prefetcher, TrainLoader, eval_batches
+from .sampler import EpochBatchSampler, ShardedSampler, eval_indices
 
 __all__ = ["DataInfo", "TensorImages", "available_datasets", "build_datasets", "register_dataset",
-           "DeviceNormalize", "TrainLoader", "eval_batches", "ShardedSampler", "eval_indices"]
+           "DeviceNormalize", "Prefetcher", "TrainLoader", "eval_batches", "ShardedSampler", "EpochBatchSampler",
+           "eval_indices", "build_train_loader", "check_data", "data_wait_advice", "startup_warnings"]

@@ -110,3 +110,32 @@ def digits(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
     mean, std = _channel_stats(images[tr])
     return (TensorImages(images[tr], labels[tr]), TensorImages(images[ev], labels[ev]),
             DataInfo((1, 8, 8), 10, mean, std))
+
+
+# ImageNet's channel statistics on the 0-255 scale: what DeviceNormalize subtracts and divides by.
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+
+
+def _image_datasets(cfg: DataConfig, cls: type) -> tuple[Dataset, Dataset, DataInfo]:
+    from .decode import resolve_decoder
+    decoder = resolve_decoder(cfg.decoder)
+    train = cls(cfg.path, cfg.image_size, True, decoder, key="data.path")
+    evals = cls(cfg.eval_path, cfg.image_size, False, decoder, key="data.eval_path") if cfg.eval_path else \
+        TensorImages(torch.empty((0, 3, cfg.image_size, cfg.image_size), dtype=torch.uint8), torch.empty(0))
+    info = DataInfo((3, cfg.image_size, cfg.image_size), len(train.classes), IMAGENET_MEAN, IMAGENET_STD)
+    return train, evals, info
+
+
+@register_dataset("imagefolder")
+def imagefolder(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
+    """A class-per-folder tree of JPEG/PNG files (``data.path``), decoded in the loader's workers."""
+    from .imagefolder import ImageFolder
+    return _image_datasets(cfg, ImageFolder)
+
+
+@register_dataset("packed")
+def packed(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
+    """A pack made by ``trainscale data pack`` (``data.path``), read by memory map."""
+    from .packed import PackedImages
+    return _image_datasets(cfg, PackedImages)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["ShardedSampler", "eval_indices"]
+__all__ = ["ShardedSampler", "eval_indices", "EpochBatchSampler", "BatchKey"]
 
 
 class ShardedSampler(Sampler[int]):
@@ -54,3 +54,37 @@ class ShardedSampler(Sampler[int]):
 def eval_indices(n: int, rank: int, world: int) -> list[int]:
     """Evaluation shard: rank r takes r, r+P, ... with no padding, so no sample is counted twice."""
     return list(range(rank, n, world))
+
+
+class BatchKey(NamedTuple):
+    """What one batch is: its epoch, its number within the epoch, and the sample indices."""
+
+    epoch: int
+    batch: int
+    indices: list[int]
+
+
+class EpochBatchSampler:
+    """This rank's batches of every epoch, one epoch after the other, forever.
+
+    One DataLoader iterates this for the whole run, so its workers start once and keep producing
+    across epoch boundaries (no respawn, no refilling of the prefetch queue each epoch: seed 003's
+    "infinite reader"). Each batch carries its epoch, so workers can draw per-epoch augmentation.
+    The last batch of an epoch is short when this rank's shard does not divide by the batch size.
+    """
+
+    def __init__(self, sampler: ShardedSampler, batch_size: int, epoch: int = 0, batch: int = 0):
+        self.sampler, self.batch_size, self.epoch, self.batch = sampler, batch_size, epoch, batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.sampler.per_rank // self.batch_size)
+
+    def __iter__(self) -> Iterator[BatchKey]:
+        epoch, start, b = self.epoch, self.batch, self.batch_size
+        while True:
+            self.sampler.set_epoch(epoch)
+            shard = self.sampler.shard()
+            for k in range(start, self.batches_per_epoch):
+                yield BatchKey(epoch, k, shard[k * b:(k + 1) * b].tolist())
+            epoch, start = epoch + 1, 0

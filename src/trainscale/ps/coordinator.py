@@ -13,13 +13,14 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
 
 from ..config import PsConfig
 from ..log import logger
 from .lr_rules import coefficients
 from .policies import Apply, Cancel, Launch, Policy
 from .record import PsError, RunRecord
+from .retry import get_when_back
 
 __all__ = ["Coordinator"]
 
@@ -27,9 +28,10 @@ __all__ = ["Coordinator"]
 class Coordinator:
     """Runs one coordinated-mode job on ``learners`` and ``shards`` (actor handles) until steps or time."""
 
-    def __init__(self, cfg: PsConfig, learners: list, shards: list, params: list, setup: Callable[[int], Any],
-                 on_update: Callable[[int, "Coordinator"], None] | None = None):
+    def __init__(self, cfg: PsConfig, learners: list, shards: list, params: list, shard_pids: list[int],
+                 setup: Callable[[int], Any], on_update: Callable[[int, "Coordinator"], None] | None = None):
         self.cfg, self.learners, self.shards, self.params = cfg, learners, shards, list(params)
+        self.shard_pids = list(shard_pids)
         self.setup, self.on_update = setup, on_update
         self.policy = Policy(cfg.mode, len(learners), cfg.k)
         self.rec = RunRecord()
@@ -37,6 +39,13 @@ class Coordinator:
         self.by_ticket: dict[int, Any] = {}
         self.arrived: dict[int, tuple[list, dict]] = {}  # ticket -> (grad refs, meta), until applied
         self.setups: dict[Any, int] = {}  # setup ref -> learner being brought back
+        self.stop_requested = False
+        self.lost_at: dict[int, float] = {}
+        self.unchecked: tuple[int, list] | None = None  # (version, shard calls) of an update not yet confirmed  # learner -> when it was lost (monotonic), until it is back
+
+    def request_stop(self) -> None:
+        """End the run after the current update (from ``on_update``)."""
+        self.stop_requested = True
 
     # ------------------------------------------------------------------------------------ main loop
 
@@ -68,6 +77,8 @@ class Coordinator:
         return rec
 
     def _done(self, deadline: float | None) -> bool:
+        if self.stop_requested:
+            return True
         if deadline is not None:
             return self.rec.now() >= deadline
         return self.rec.updates >= self.cfg.steps
@@ -101,24 +112,38 @@ class Coordinator:
             self.rec.errors += 1
         logger.warning(f"ps: learner {learner} {why}; its work is dropped and it rejoins on the current parameters")
         self._execute(self.policy.lost(learner))
+        self.lost_at.setdefault(learner, time.monotonic())
         self.setups[self.setup(learner)] = learner
 
     def _rejoined(self, ref: Any) -> None:
         learner = self.setups.pop(ref)
         try:
             ray.get(ref, timeout=self.cfg.timeout_s)
-        except (RayActorError, RayTaskError, GetTimeoutError) as e:
-            logger.error(f"ps: learner {learner} cannot come back ({type(e).__name__}); continuing without it")
-            try:
-                self._execute(self.policy.remove(learner))
-            except RuntimeError as gone:
-                raise PsError(str(gone)) from None
+        except ActorUnavailableError:
+            # Ray is still restarting it: ask again (each try fails fast) until ps.timeout_s since it was lost.
+            if time.monotonic() - self.lost_at.get(learner, 0.0) < self.cfg.timeout_s:
+                time.sleep(0.05)
+                self.setups[self.setup(learner)] = learner
+                return
+            self._give_up(learner, "did not come back within ps.timeout_s")
             return
+        except (RayActorError, RayTaskError, GetTimeoutError) as e:
+            self._give_up(learner, f"cannot come back ({type(e).__name__})")
+            return
+        self.lost_at.pop(learner, None)
         self._execute(self.policy.rejoin(learner))
+
+    def _give_up(self, learner: int, why: str) -> None:
+        logger.error(f"ps: learner {learner} {why}; continuing without it")
+        try:
+            self._execute(self.policy.remove(learner))
+        except RuntimeError as gone:
+            raise PsError(str(gone)) from None
 
     # ------------------------------------------------------------------------------------ actions
 
     def _execute(self, actions: list) -> None:
+        launched: list[Launch] = []
         for action in actions:
             if isinstance(action, Apply):
                 self._apply(action)
@@ -129,6 +154,38 @@ class Coordinator:
                     ray.cancel(ref)
                     self.rec.cancelled += 1
             elif isinstance(action, Launch):
+                self._launch(action)
+                launched.append(action)
+        if self.unchecked:
+            self._check_apply(launched)
+
+    def _check_apply(self, launched: list[Launch]) -> None:
+        """Wait for the shards' small answers to the last update, after the learners were launched.
+
+        The learners got the new parameters as references before the shards answered, so the server's
+        round trip overlaps their start. A shard that died during the update is waited for (it restores
+        its snapshot) and the mini-batches just launched on its lost result are sent again.
+        """
+        version, calls = self.unchecked
+        self.unchecked = None
+        broken = False
+        for s, (meta_ref, _) in enumerate(calls):
+            meta = self._shard_call(s, meta_ref)
+            if meta is None:
+                self.params[s] = self._refetch(s)
+                broken = True
+            else:
+                self._check_pid(s, meta, version - 1)
+        if not broken:
+            return
+        if self.rec.eval_points and self.rec.eval_points[-1][0] == version:
+            u, t, _ = self.rec.eval_points[-1]
+            self.rec.eval_points[-1] = (u, t, list(self.params))
+        for action in launched:
+            ref = self.by_ticket.pop(action.ticket, None)
+            if ref is not None:
+                self.pending.pop(ref, None)
+                ray.cancel(ref)
                 self._launch(action)
 
     def _launch(self, action: Launch) -> None:
@@ -147,12 +204,10 @@ class Coordinator:
         calls = [shard.apply.options(num_returns=2).remote(action.version, coefs, keep_from,
                                                            *[grads[s] for grads, _ in taken])
                  for s, shard in enumerate(self.shards)]
-        # Waiting for the shards' small metadata (not the parameters) keeps failures visible here.
-        for s, (meta_ref, params_ref) in enumerate(calls):
-            meta = self._shard_call(s, meta_ref)
-            self.params[s] = params_ref if meta is not None else self._refetch(s)
-            if meta is not None and meta["restored_from"] is not None:
-                self._shard_restored(s, meta["restored_from"], action.version - 1)
+        # The new parameters go to the learners as references at once; _check_apply waits for the shards'
+        # small answers after the launches, so failures stay visible without a round trip on the way.
+        self.params = [params_ref for _, params_ref in calls]
+        self.unchecked = (action.version, calls)
         rec.updates = action.version
         rec.update_times.append(rec.now())
         rec.staleness += list(action.staleness)
@@ -183,15 +238,22 @@ class Coordinator:
 
     def _refetch(self, s: int) -> Any:
         """After shard ``s`` died: wait for Ray to restart it (it restores its snapshot) and take its parameters."""
-        meta_ref, params_ref = self.shards[s].get.options(num_returns=2).remote()
-        try:
-            meta = ray.get(meta_ref, timeout=self.cfg.timeout_s)
-        except (RayActorError, GetTimeoutError) as e:
-            raise PsError(f"server shard {s} died and did not come back ({type(e).__name__}); "
-                          "the job cannot continue without its parameters") from None
-        restored = meta["restored_from"] if meta["restored_from"] is not None else meta["version"]
-        self._shard_restored(s, restored, self.policy.version)
-        return params_ref
+        refs: list = []
+
+        def call() -> Any:
+            refs[:] = self.shards[s].get.options(num_returns=2).remote()
+            return refs[0]
+
+        meta = get_when_back(call, self.cfg.timeout_s, f"server shard {s}")
+        self._check_pid(s, meta, self.policy.version)
+        return refs[1]
+
+    def _check_pid(self, s: int, meta: dict, expected: int) -> None:
+        """A new process id means Ray restarted the shard: it restored a snapshot, count what was lost."""
+        if meta["pid"] != self.shard_pids[s]:
+            self.shard_pids[s] = meta["pid"]
+            restored = meta["restored_from"] if meta["restored_from"] is not None else 0
+            self._shard_restored(s, restored, expected)
 
     def _shard_restored(self, s: int, restored: int, expected: int) -> None:
         lost = max(0, expected - restored)

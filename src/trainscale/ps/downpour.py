@@ -12,11 +12,12 @@ import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from ..config import PsConfig
 from ..log import logger
 from .record import PsError, RunRecord
+from .retry import get_when_back
 
 __all__ = ["DownpourDriver"]
 
@@ -26,14 +27,21 @@ POLL_S = 0.05
 class DownpourDriver:
     """Runs Downpour on ``learners`` and ``shards`` until the slowest shard has ``ps.steps`` updates (or time)."""
 
-    def __init__(self, cfg: PsConfig, learners: list, shards: list, setup: Callable[[int], Any],
+    def __init__(self, cfg: PsConfig, learners: list, shards: list, shard_pids: list[int], setup: Callable[[int], Any],
                  on_update: Callable[[int, "DownpourDriver"], None] | None = None):
         self.cfg, self.learners, self.shards, self.setup, self.on_update = cfg, learners, shards, setup, on_update
+        self.shard_pids = list(shard_pids)
         self.rec = RunRecord()
         self.versions = [0] * len(shards)
         self.runs: dict[Any, int] = {}
         self.setups: dict[Any, int] = {}
         self.stats: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(learners))}
+        self.stop_requested = False
+        self.lost_at: dict[int, float] = {}
+
+    def request_stop(self) -> None:
+        """End the run at the next poll (from ``on_update``)."""
+        self.stop_requested = True
 
     def _start(self, i: int) -> None:
         # The loop's own limit is only a backstop in case this driver vanishes; the driver stops it first.
@@ -62,7 +70,8 @@ class DownpourDriver:
                         rec.eval_points.append((low, t, self._params()))
                     if self.on_update is not None:
                         self.on_update(low, self)
-                if (cfg.time_s > 0 and rec.now() >= cfg.time_s) or (cfg.time_s <= 0 and low >= cfg.steps):
+                if self.stop_requested or (cfg.time_s > 0 and rec.now() >= cfg.time_s) or (
+                        cfg.time_s <= 0 and low >= cfg.steps):
                     break
                 if rec.now() - last_progress > cfg.timeout_s:
                     raise PsError(f"no shard update within ps.timeout_s = {cfg.timeout_s:g} s "
@@ -90,17 +99,15 @@ class DownpourDriver:
                 info = self._shard_back(s)
             except GetTimeoutError:
                 raise PsError(f"server shard {s} did not answer within ps.timeout_s = {self.cfg.timeout_s:g} s") from None
-            if info["restored_from"] is not None:
-                self._restored(s, info["restored_from"])
+            if info["pid"] != self.shard_pids[s]:  # Ray restarted it from its snapshot
+                self.shard_pids[s] = info["pid"]
+                self._restored(s, info["restored_from"] if info["restored_from"] is not None else 0)
             self.versions[s] = info["version"]
             infos.append(info)
         return infos
 
     def _shard_back(self, s: int) -> dict[str, Any]:
-        try:
-            return ray.get(self.shards[s].info.remote(), timeout=self.cfg.timeout_s)
-        except (RayActorError, GetTimeoutError) as e:
-            raise PsError(f"server shard {s} died and did not come back ({type(e).__name__})") from None
+        return get_when_back(self.shards[s].info.remote, self.cfg.timeout_s, f"server shard {s}")
 
     def _restored(self, s: int, restored: int) -> None:
         lost = max(0, self.versions[s] - restored)
@@ -122,11 +129,20 @@ class DownpourDriver:
                 i = self.setups.pop(ref)
                 try:
                     ray.get(ref, timeout=self.cfg.timeout_s)
+                except ActorUnavailableError:
+                    if time.monotonic() - self.lost_at.get(i, 0.0) < self.cfg.timeout_s:
+                        self.setups[self.setup(i)] = i  # still restarting: ask again
+                        continue
+                    logger.error(f"ps: learner {i} did not come back within ps.timeout_s; continuing without it")
+                    if not self.runs and not self.setups:
+                        raise PsError("no learner is left") from None
+                    continue
                 except (RayActorError, RayTaskError, GetTimeoutError) as e:
                     logger.error(f"ps: learner {i} cannot come back ({type(e).__name__}); continuing without it")
                     if not self.runs and not self.setups:
                         raise PsError("no learner is left") from None
                     continue
+                self.lost_at.pop(i, None)
                 self._start(i)
                 continue
             i = self.runs.pop(ref)
@@ -140,6 +156,7 @@ class DownpourDriver:
                     self.rec.errors += 1
                 logger.warning(f"ps: learner {i} lost ({type(e).__name__}); it restarts and rejoins with the "
                                "current parameters")
+                self.lost_at.setdefault(i, time.monotonic())
                 self.setups[self.setup(i)] = i
 
     def _stop_all(self) -> None:

@@ -36,7 +36,8 @@ class DownpourLoop:
         async def one(shard: Any) -> tuple[np.ndarray, int] | None:
             meta_ref, params_ref = shard.get.options(num_returns=2).remote()
             try:
-                meta, params = await asyncio.wait_for(asyncio.gather(meta_ref, params_ref), self.timeout_s)
+                meta = await asyncio.wait_for(meta_ref, self.timeout_s)
+                params = await asyncio.wait_for(params_ref, self.timeout_s)
             except Exception:  # the shard is restarting or gone: keep the parameters we have
                 self.fetch_errors += 1
                 return None
@@ -98,6 +99,7 @@ class DownpourLoop:
                 acc = None
         if fetching is not None:
             fetching.cancel()
+            await asyncio.gather(fetching, return_exceptions=True)  # collect it, so nothing is left unretrieved
         while self.inflight:
             await self._settle(self.inflight.popleft())
         return {"learner": self.learner.id, "steps": self.steps, "losses": losses, "bytes_pushed": self.pushed,

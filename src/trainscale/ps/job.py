@@ -112,7 +112,9 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
                 "keep_history": ps.lr_rule == "distance", "optimizer": "adagrad" if downpour else "sgd"}
         # Learners import torch when they start: give the first set-up longer than a normal wait.
         startup_s = ps.timeout_s + 20.0 * ps.learners
-        _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s, "server shards")
+        metas = _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s,
+                          "server shards")
+        pids = [m["pid"] for m in metas]
         _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")
 
         view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
@@ -123,10 +125,10 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
                 on_update(update, driver)
 
         if downpour:
-            driver: Any = DownpourDriver(ps, learners, shards, setup, hook)
+            driver: Any = DownpourDriver(ps, learners, shards, pids, setup, hook)
         else:
             params = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
-            driver = Coordinator(ps, learners, shards, params, setup, hook)
+            driver = Coordinator(ps, learners, shards, params, pids, setup, hook)
         logger.info(f"ps: {ps.mode} with {ps.learners} learners (K = {plan.k}), {ps.shards} shard(s), "
                     f"{plan.layout.numel:,} parameters, delay {ps.delay}")
         rec = driver.run()

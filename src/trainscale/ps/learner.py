@@ -107,12 +107,11 @@ class Learner:
 
         if not self.ready:
             raise NotSetUp(f"learner {self.id} was restarted and has no model yet")
-        self.stopping = False
         loop = DownpourLoop(self, shards, fetch_every, push_every, timeout_s)
         return await loop.run(lambda: self.stopping, max_s)
 
     async def stop(self) -> bool:
-        """Ask a running Downpour loop to finish its step and return."""
+        """Ask the Downpour loop to finish its step and return (also if it has not started yet; setup clears it)."""
         self.stopping = True
         return True
 

@@ -2,7 +2,8 @@
 
 Plain numpy, no torch, so a shard starts in a fraction of a second. The shard writes a snapshot every
 ``snapshot_every`` updates to a file; when Ray restarts the actor after a crash, ``__init__`` reads that
-file back, and the next call reports ``restored_from`` so the driver can count the updates lost.
+file back; every answer carries the process id and ``restored_from`` (the version the latest restart
+restored), so the driver sees a new pid and counts the updates lost.
 
 Coordinated modes call :meth:`apply` (SGD with coefficients chosen by the coordinator); Downpour's
 learners call :meth:`push` directly, and the shard runs Adagrad on its own (Dean et al. 2012).
@@ -66,13 +67,12 @@ class ServerShard:
     def _meta(self) -> dict[str, Any]:
         meta = {"shard": self.id, "version": self.version, "restored_from": self.restored_from, "pid": os.getpid(),
                 "stale_sum": self.stale_sum, "stale_count": self.stale_count, "stale_max": self.stale_max}
-        self.restored_from = None  # reported once
         return meta
 
     # ---------------------------------------------------------------------------------- calls
 
     def info(self) -> dict[str, Any]:
-        """Version, staleness counters and, once after a restart, the version it restored."""
+        """Version, staleness counters, pid and the version restored at the latest restart (or None)."""
         return self._meta()
 
     def get(self) -> tuple[dict[str, Any], np.ndarray]:

@@ -18,12 +18,12 @@ _MB = 1024 * 1024
 _DDP_ARGS = inspect.signature(DDP.__init__).parameters
 
 
-def apply_ddp(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> DDP:
-    """Wrap ``model`` in DDP with ``cfg.bucket_mb`` fused buckets (0: one all-reduce per tensor)."""
+def apply_ddp(model: nn.Module, env: DistEnv, cfg: StrategyConfig, bucket_mb: float | None = None) -> DDP:
+    """Wrap ``model`` in DDP with ``bucket_mb`` (default ``cfg.bucket_mb``) fused buckets (0: one per tensor)."""
     kw: dict = {"forward_sync_buffers": cfg.broadcast_buffers} if "forward_sync_buffers" in _DDP_ARGS \
         else {"broadcast_buffers": cfg.broadcast_buffers}  # renamed in torch 2.13
     return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-               bucket_cap_mb=cfg.bucket_mb, gradient_as_bucket_view=True, **kw)
+               bucket_cap_mb=cfg.bucket_mb if bucket_mb is None else bucket_mb, gradient_as_bucket_view=True, **kw)
 
 
 def bucket_count(model: DDP) -> int:

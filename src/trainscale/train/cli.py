@@ -67,18 +67,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
 
 def preflight(args: argparse.Namespace, cfg: Config) -> None:
     """Checks that need this machine (device, amp, checkpoint), made once before any rank starts."""
-    from ..data import available_datasets
+    from ..data import available_datasets, check_data
     from ..dist.env import resolve_backend, resolve_device
     from ..models import check_name
-    from ..strategies import check_amp
+    from ..strategies import check_amp, check_strategy
     from .checkpoint import load_checkpoint
 
     check_name(cfg.model.name)
     if cfg.data.name not in available_datasets():
         raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets()))
+    check_data(cfg.data)
     device = resolve_device(cfg.job.device)
     resolve_backend(cfg.job.backend, device)
     check_amp(cfg.strategy.amp, device)
+    world = args.nproc or 1  # the processes this command will start on this machine
+    check_strategy(cfg.strategy, world, world)
     if args.resume:
         load_checkpoint(args.resume)
     if args.json and Path(args.json).is_dir():

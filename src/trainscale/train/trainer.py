@@ -20,14 +20,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..config import Config, config_to_dict
-from ..data import DataInfo, TrainLoader, build_datasets, eval_batches
+from ..config import Config, ConfigError, config_to_dict
+from ..data import DataInfo, build_datasets, build_train_loader, data_wait_advice, eval_batches
 from ..data.delay import with_sample_delay
 from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
 from ..log import logger, setup_logging
 from ..models import build_model
-from ..strategies import Prepared, allreduce_after_backward, apply_strategy, bucket_count
+from ..strategies import (Prepared, allreduce_after_backward, apply_strategy, apply_zero, bucket_count,
+                          optimizer_state_dict)
+from ..strategies.report import strategy_summary
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .evaluate import evaluate
 from .instrument import ComputeClock, SleepCompute
@@ -56,6 +58,9 @@ def prepare(model: nn.Module, cfg: Config | None = None) -> tuple[nn.Module, Dis
         # ... forward/backward/step as usual; gradients are averaged across ranks by DDP
     """
     cfg = cfg or Config()
+    for key in ("local_sgd_period", "shard_optimizer"):  # they act in the Trainer's step, not in the model
+        if getattr(cfg.strategy, key):
+            raise ConfigError(f"strategy.{key}", getattr(cfg.strategy, key), "needs trainscale.Trainer; not in prepare()")
     env = init_distributed(cfg.job)
     return apply_strategy(model, env, cfg.strategy).model, env
 
@@ -96,6 +101,8 @@ class Trainer:
             model.load_state_dict(state["model"])
         self.p: Prepared = apply_strategy(model, env, cfg.strategy)
         self.opt = build_optimizer(self.p.module.parameters(), cfg)
+        if cfg.strategy.shard_optimizer:
+            self.opt = apply_zero(self.opt)
         # Measurement and controlled experiments (the doctor's ablations and injected faults).
         self.clock = ComputeClock(env.device, cfg.job.slow_factor if env.rank == cfg.job.slow_rank else 1.0)
         self.sleep_test = SleepCompute(self.p.module, env.device) if cfg.ablate.compute == "sleep" else None
@@ -106,8 +113,8 @@ class Trainer:
             self.sleep_test.start_calibration()
         self.profiler = OpProfiler(env.device) if cfg.log.profile and env.is_main else None
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
-        self.loader = TrainLoader(self.train_data, self.info, env.device, cfg.data.batch_size, env.rank,
-                                  env.world_size, cfg.data.workers, cfg.data.shuffle, cfg.job.seed)
+        self.loader = build_train_loader(cfg.data, self.train_data, self.info, env.device, env.rank,
+                                         env.world_size, cfg.job.seed, env.is_main)
         self.step = 0
         if state is not None:
             self._restore(state)
@@ -125,6 +132,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.p.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
+        self.p.resume_at(self.step)
         if state.get("world_size") != self.env.world_size:
             logger.warning(f"resuming a {state.get('world_size')}-process checkpoint on {self.env.world_size} "
                            "processes: the data order will differ from the original run")
@@ -167,13 +175,20 @@ class Trainer:
                 if calibrating:
                     self.sleep_test.watch(scaled)  # type: ignore[union-attr]
                 scaled.backward()
+            if sync:
+                p.meter.backward_done()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         calls = 0
         if p.post_backward and not ab.comm:
+            t0 = time.perf_counter()
             calls = allreduce_after_backward(p.post_backward, self.env.world_size)
+            p.meter.exposed(time.perf_counter() - t0)
         p.scaler.step(self.opt)
         p.scaler.update()
+        if p.post_step is not None and not ab.comm:
+            p.post_step()  # local SGD's model averaging: needs the grads (it averages only trained parameters)
         self.opt.zero_grad(set_to_none=True)
+        p.meter.end_step()
         return loss_sum, wait, calls  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------------------ loop
@@ -190,7 +205,8 @@ class Trainer:
         loss_first = loss_last = None
         window_loss = torch.zeros((), device=env.device)
         window_n, window_t0 = 0, time.perf_counter()
-        t_prev = time.perf_counter()
+        t_prev = loop_t0 = time.perf_counter()
+        self._loss_curve: list[tuple[int, float, float]] = []  # (step, seconds into the loop, loss) at log points
         warm = cfg.log.skip_first + self.calib_steps  # steps excluded from every timing
         artefacts: dict[str, Any] = {}
         try:
@@ -199,6 +215,8 @@ class Trainer:
                     self.profiler.start()
                 loss, wait, post_calls = self._train_step()
                 self.step += 1
+                if self.p.tuner is not None and self.p.tuner.active:
+                    self.p.tuner.after_step()  # bucket_mb auto: may re-wrap the model in a new DDP
                 now = time.perf_counter()
                 measured = self.step - start_step > warm
                 self.clock.end_step(measured)
@@ -228,20 +246,27 @@ class Trainer:
                         logger.warning(f"loss is {mean_loss} at step {self.step}: the run diverged "
                                        f"(lower --optim.lr, now {cfg.optim.lr:g}, or add --optim.warmup_steps)")
                     elapsed = time.perf_counter() - window_t0
+                    self._loss_curve.append((self.step, round(time.perf_counter() - loop_t0, 4), mean_loss))
                     view.update(self.step, mean_loss, window_n * self.global_batch / max(elapsed, 1e-9))
                     window_loss.zero_()
+                    # The clock is not reset: on CUDA the sync above waits for queued steps, which is
+                    # training time and belongs in the next measured interval.
                     window_n, window_t0 = 0, time.perf_counter()
-                    t_prev = window_t0
                 if cfg.job.eval_every and self.step % cfg.job.eval_every == 0 and self.step < cfg.job.steps:
                     self._evaluate(view)
+                    t_prev = time.perf_counter()  # evaluation is not step time
                 if cfg.checkpoint.dir and cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self._checkpoint()
+                    t_prev = time.perf_counter()
         finally:
             view.close()
+            self.loader.close()  # stop the prefetch thread and the worker processes
             if self.sleep_test:
                 self.sleep_test.uninstall()  # evaluation runs the real modules
         if self.profiler:
             artefacts.update(self._write_profile())
+        if self.p.post_train is not None:
+            self.p.post_train()  # local SGD: replicas averaged once more, so eval and checkpoint see one model
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
             calls = bucket_count(self.p.model) if not self.p.post_backward else len(self.p.post_backward)
         eval_loss, eval_acc, eval_n = self._evaluate(None)
@@ -283,7 +308,7 @@ class Trainer:
 
     def _checkpoint(self, final: bool = False) -> None:
         ck = self.cfg.checkpoint
-        state = {"model": self.p.module.state_dict(), "optimizer": self.opt.state_dict(),
+        state = {"model": self.p.module.state_dict(), "optimizer": optimizer_state_dict(self.opt, self.env.rank),
                  "scaler": self.p.scaler.state_dict(), "step": self.step, "loader": self.loader.state_dict(),
                  "world_size": self.env.world_size, "config": config_to_dict(self.cfg)}
         folder = Path(ck.dir)
@@ -308,6 +333,15 @@ class Trainer:
         mine = (self.clock.median(), med, median_spread(waits)[0])
         per_rank: list[Any] = [None] * env.world_size
         dist.all_gather_object(per_rank, mine)
+        # The slowest rank's input pipeline bounds the job: its rate x world size; skipped images summed.
+        rate = torch.tensor([float(self.loader.samples_per_s)], device=env.device)
+        dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+        skipped = torch.tensor([float(self.loader.skipped)], device=env.device)
+        dist.all_reduce(skipped)
+        wait_frac = (sum(waits) / total_t) if total_t else float("nan")
+        advice = data_wait_advice(wait_frac, cfg.data)
+        if advice and env.is_main and not cfg.ablate.data:
+            logger.warning(advice)
         return {
             "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
             "model": cfg.model.name if self.user_model is None else type(self.user_model).__name__,
@@ -316,7 +350,8 @@ class Trainer:
             "measured_steps": len(step_times),
             "samples_per_s": len(step_times) * self.global_batch / total_t if total_t else float("nan"),
             "step_time_s": med, "step_time_spread": spread,
-            "data_wait_frac": (sum(waits) / total_t) if total_t else float("nan"),
+            "data_wait_frac": wait_frac, "data_samples_per_s": rate.item() * env.world_size,
+            "data_skipped": int(skipped.item()),
             "loss_first": losses[0].item(), "loss_last": losses[1].item(),
             "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
@@ -327,5 +362,6 @@ class Trainer:
             "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
             "calibrated_compute_s": (self.sleep_test.total_fwd_s + self.sleep_test.total_bwd_s)
             if self.sleep_test else None,
-            "wall_s": wall, "config": config_to_dict(cfg),
+            "wall_s": wall, "config": config_to_dict(cfg), "loss_curve": self._loss_curve,
+            **strategy_summary(self.p, self.opt, cfg, calls),  # comm bytes/wait, optimizer memory, autotune
         }

@@ -1,4 +1,8 @@
-"""Shared test helpers: run the CLI exactly as a user does, in a subprocess with a timeout."""
+"""Shared test helpers: run the CLI exactly as a user does, in a subprocess with a timeout.
+
+A plain module (not conftest.py) so that no sub-folder's conftest can shadow it; pytest puts
+tests/ on sys.path (pyproject: pythonpath).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,11 +39,6 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
-
-
-@pytest.fixture
-def cli():
-    return run_cli
 
 
 # Tiny and fast defaults for training runs in tests.

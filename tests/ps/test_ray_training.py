@@ -1,0 +1,64 @@
+"""Parameter-server training on a real local Ray: parity with one process, every mode learns digits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainscale.ps.job import preflight, run_ps
+from trainscale.ps.stream import BatchStream
+
+
+def shard_params(ray, actors, shards):
+    return ray.get([actors.shards[s].get.options(num_returns=2).remote()[1] for s in range(shards)], timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_sync_equals_one_process_on_the_concatenated_batches(ray_local, ps_actors, ps_config):
+    """sync with P learners = plain SGD in one process on the P mini-batches put together (atol 1e-5)."""
+    steps, p, lr = 6, 2, 0.1
+    cfg = ps_config("--ps.mode", "sync", "--ps.learners", str(p), "--ps.shards", "2", "--ps.steps", str(steps),
+                    "--ps.lr", str(lr), "--data.batch_size", "16")
+    plan = preflight(cfg)
+    summary = run_ps(cfg, actors=ps_actors, plan=preflight(cfg))
+    assert summary["updates"] == steps and summary["staleness_max"] == 0
+    got = plan.layout.join(shard_params(ray_local, ps_actors, 2))
+
+    model = plan.model  # the initial model the job started from
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr)
+    train, info = plan.train, plan.info
+    mean, std = torch.tensor(info.mean).view(1, -1, 1, 1), torch.tensor(info.std).view(1, -1, 1, 1)
+    streams = [BatchStream(len(train.labels), r, p, 16, cfg.job.seed) for r in range(p)]
+    for _ in range(steps):
+        idx = torch.from_numpy(np.concatenate([s.next() for s in streams]))
+        x = (train.images[idx].float() - mean) / std
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), train.labels[idx]).backward()
+        opt.step()
+    for mine, ref in zip(got, params):
+        np.testing.assert_allclose(mine, ref.detach().numpy(), atol=1e-5, rtol=0)
+
+
+MODES = [("sync", 0.1), ("k-sync", 0.1), ("k-batch-sync", 0.1), ("async", 0.1), ("k-async", 0.1),
+         ("k-batch-async", 0.1), ("downpour", 0.01)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode, lr", MODES)
+def test_every_mode_trains_digits(ray_local, ps_actors, ps_config, mode, lr):
+    """Each mode, 4 learners (K = 2), 2 shards, 200 updates: eval accuracy >= 0.85 on digits."""
+    cfg = ps_config("--ps.mode", mode, "--ps.learners", "4", "--ps.shards", "2", "--ps.steps", "200",
+                    "--ps.lr", str(lr))
+    s = run_ps(cfg, actors=ps_actors)
+    assert s["updates"] >= 200 and s["restarts"] == 0
+    assert s["loss_last"] < s["loss_first"]
+    assert s["eval_accuracy"] >= 0.85, s
+    if mode in ("sync", "k-sync", "k-batch-sync"):
+        assert s["staleness_max"] == 0
+    if mode in ("k-sync", "k-batch-sync"):
+        assert s["cancelled"] > 0
+    if mode in ("async", "k-async", "k-batch-async", "downpour"):
+        assert s["staleness_mean"] > 0 and s["cancelled"] == 0
+    assert s["bytes_pushed"] > 0 and s["bytes_pulled"] > 0
