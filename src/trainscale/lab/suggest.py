@@ -14,6 +14,8 @@ def context_from_config(cfg: Any) -> dict[str, Any]:
     return {"bucket_mb": cfg.strategy.bucket_mb, "overlap": cfg.strategy.overlap, "workers": cfg.data.workers,
             "batch_size": cfg.data.batch_size, "slow_rank": cfg.job.slow_rank, "sample_delay_ms":
             cfg.data.sample_delay_ms, "threads_cfg": cfg.job.threads,
+            "compression": getattr(cfg.strategy, "compression", "none"),
+            "local_sgd_period": getattr(cfg.strategy, "local_sgd_period", 0),
             "strategy_fields": [f.name for f in dataclasses.fields(cfg.strategy)],
             "data_fields": [f.name for f in dataclasses.fields(cfg.data)]}
 
@@ -23,15 +25,15 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     sf, df = ctx.get("strategy_fields", []), ctx.get("data_fields", [])
     if cause == "communication":
         bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
-        if bucket < 25 and calls != 1:
+        if isinstance(bucket, (int, float)) and bucket < 25 and calls != 1:
             return (f"fuse gradients into bigger all-reduce buckets: --strategy.bucket_mb 25 (now {bucket:g}: "
                     f"{calls or 'many'} small all-reduces per step, each paying the latency)", {"strategy.bucket_mb": "25"})
         if not ctx.get("overlap", True):
             return ("overlap the all-reduce with backward: --strategy.overlap true", {"strategy.overlap": "true"})
-        if "compression" in sf:
+        if "compression" in sf and ctx.get("compression", "none") == "none":
             return ("send less: --strategy.compression fp16 (or synchronise less often with local SGD)",
                     {"strategy.compression": "fp16"})
-        if "local_sgd_period" in sf:
+        if "local_sgd_period" in sf and not ctx.get("local_sgd_period"):
             return "synchronise less often: --strategy.local_sgd_period 4", {"strategy.local_sgd_period": "4"}
         batch = 2 * int(ctx.get("batch_size", 32))
         return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
