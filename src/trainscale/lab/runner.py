@@ -101,8 +101,10 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     except BaseException:
         _kill_group(p)
         raise
+    # The job's own output, kept beside its summary: the evidence behind a number or a failure.
+    spec.json_path.with_suffix(".log").write_text(f"$ {spec.shell()}\n{out}\n{err}")
     if p.returncode != 0 or not spec.json_path.is_file():
-        raise RunFailed(spec, _error_lines(err + "\n" + out))
+        raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {spec.json_path.with_suffix('.log')})")
     summary = json.loads(spec.json_path.read_text())
     summary["command"] = spec.shell()
     return summary
