@@ -91,10 +91,14 @@ class JobConfig(_Section):
     timeout_s: float = _f(300.0, "collective timeout: a rank stuck this long in a collective fails instead of hanging")
     eval_every: int = _f(0, "evaluate every N steps; 0: only at the end")
     out: str = _f("", "folder for run artefacts (profile tables); empty: beside --json, or none")
+    slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
+    slow_factor: float = _f(1.0, "fault injection: compute-time multiplier of job.slow_rank (e.g. 1.5)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("steps", 1, "optimizer steps")
+        self._at_least("slow_rank", -1, "-1 means no injected straggler")
+        self._at_least("slow_factor", 1, "1 means no slow-down")
         self._at_least("threads", 0, "0 means automatic")
         self._at_least("timeout_s", 1)
         self._at_least("eval_every", 0)
@@ -105,7 +109,8 @@ class ModelConfig(_Section):
     """Which network to train; see ``trainscale.models.available()``."""
 
     _name = "model"
-    name: str = _f("mlp", "registry name (mlp, resnet18, resnet50, se_resnext50/101/152) or torchvision:NAME / timm:NAME")
+    name: str = _f("mlp", "registry name (mlp, resnet18, resnet50, se_resnext50/101/152), torchvision:NAME / "
+                          "timm:NAME, or your own builder as module.path:function")
     width: int = _f(0, "base width (channels of the first stage, hidden units of mlp); 0: the model's default")
     depth: int = _f(2, "hidden layers of mlp (ignored by the other models)")
 
@@ -132,6 +137,9 @@ class DataConfig(_Section):
     eval_size: int = _f(500, "samples in the synthetic evaluation set")
     workers: int = _f(0, "loader worker processes per rank; 0: load in the training process")
     shuffle: bool = _f(True, "reshuffle the training set every epoch (same order on every world size)")
+    sample_delay_ms: float = _f(0.0, "simulated storage latency per training sample read (slow disk experiments)")
+    sample_delay_scope: Literal["node", "process"] = _f(
+        "node", "node: one simulated disk per machine, reads of all its processes queue; process: one per process")
     path: str = _f("", "imagefolder: the training folder; packed: the pack folder")
     eval_path: str = _f("", "imagefolder/packed: evaluation folder or pack; empty: no evaluation set")
     prefetch: int = _f(2, "batches a background thread keeps ready on the device (CUDA: copied on a side stream); "
@@ -144,6 +152,7 @@ class DataConfig(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._at_least("sample_delay_ms", 0)
         for f in ("batch_size", "image_size", "channels", "num_classes", "train_size"):
             self._at_least(f, 1)
         self._at_least("eval_size", 0)
@@ -245,6 +254,7 @@ class LogConfig(_Section):
     skip_first: int = _f(3, "steps excluded from timing as warm-up")
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
+    profile: bool = _f(False, "profile the measured steps of rank 0 with torch.profiler; per-operator table in job.out")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,6 +269,16 @@ class AblateConfig(_Section):
     _name = "ablate"
     comm: bool = _f(False, "no gradient exchange: each rank steps on its own gradients")
     data: bool = _f(False, "one batch made once and kept on the device: no loading")
+    compute: Literal["none", "sleep"] = _f(
+        "none", "sleep: each leaf module's forward and backward replaced by a sleep of its duration measured in "
+                "ablate.calibrate_steps calibration steps of the same run (the framework, collectives remain)")
+    calibrate_steps: int = _f(5, "steps timed per module before compute is replaced by sleeps (not measured)")
+    sleep_times: str = _f("", "sleep_times.json of an earlier sleep test: sleep those durations instead of calibrating "
+                              "here, so that runs at 1 and N processes sleep alike (seed 000 used one op time)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._at_least("calibrate_steps", 1)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from typing import Callable
 
 from torch import nn
@@ -38,12 +39,37 @@ def available() -> list[str]:
     return names
 
 
+def _import_builder(name: str) -> Builder:
+    """``package.module:function`` -> the function (a user's own model, found on ``PYTHONPATH``)."""
+    mod_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError("model.name", name, f"cannot import {mod_name} ({e}); is it on PYTHONPATH?") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError("model.name", name, f"{mod_name} has no callable {attr!r}")
+    return fn
+
+
+def _call_builder(fn: Builder, **kw: object) -> nn.Module:
+    """Call a user's builder with the keyword arguments it declares (in_shape, num_classes, width, depth)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kw = {k: v for k, v in kw.items() if k in params}
+    model = fn(**kw)
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model.name", getattr(fn, "__name__", fn), f"returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
 def check_name(name: str) -> None:
     """Raise ConfigError unless ``name`` can be built here."""
     if ":" in name:
         pkg = name.partition(":")[0]
         if pkg not in ("torchvision", "timm"):
-            raise ConfigError("model.name", name, "prefix must be torchvision: or timm:")
+            _import_builder(name)  # a user's module.path:function
+            return
         if importlib.util.find_spec(pkg) is None:
             raise ConfigError("model.name", name, f"{pkg} is not installed (pip install {pkg})")
     elif name not in _REGISTRY:
@@ -51,10 +77,16 @@ def check_name(name: str) -> None:
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, width: int = 0, depth: int = 2) -> nn.Module:
-    """Build a registered model, or ``torchvision:NAME`` / ``timm:NAME`` when that package is installed."""
+    """Build a registered model, ``torchvision:NAME`` / ``timm:NAME``, or a user's ``module.path:function``.
+
+    A user's builder receives those of ``in_shape, num_classes, width, depth`` it declares.
+    """
     check_name(name)
     if ":" in name:
         pkg, _, sub = name.partition(":")
+        if pkg not in ("torchvision", "timm"):
+            return _call_builder(_import_builder(name), in_shape=tuple(in_shape), num_classes=num_classes,
+                                 width=width, depth=depth)
         if pkg == "timm":
             import timm
             return timm.create_model(sub, pretrained=False, num_classes=num_classes, in_chans=in_shape[0])

@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", help="optimizer steps (job.steps)")
     p.add_argument("--batch-size", dest="batch_size", help="samples per process per micro-step (data.batch_size)")
     p.add_argument("--json", metavar="PATH", help="write the run summary as one JSON object")
+    p.add_argument("--profile", action="store_true",
+                   help="per-operator table of rank 0 (torch.profiler) into job.out or beside --json (log.profile)")
     p.add_argument("--resume", metavar="PATH", help="continue from a checkpoint file (or a folder with last.pt)")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration as TOML and exit")
     return p
@@ -46,9 +48,18 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     """Split short options from ``--section.field`` overrides and build the validated Config."""
     args, rest = _parser().parse_known_args(argv)
     extra = {key: getattr(args, short) for short, key in SHORT.items() if getattr(args, short) is not None}
+    if args.profile:
+        extra["log.profile"] = True
     cfg = load_config(rest, args.config, extra)
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError("--nproc", args.nproc, "must be >= 1")
+    if cfg.ablate.sleep_times and not Path(cfg.ablate.sleep_times).is_file():
+        raise ConfigError("ablate.sleep_times", cfg.ablate.sleep_times, "no such file (a sleep_times.json written by "
+                          "an earlier --ablate.compute sleep run)")
+    warm = cfg.log.skip_first + (0 if cfg.ablate.sleep_times else cfg.ablate.calibrate_steps)
+    if cfg.ablate.compute == "sleep" and cfg.job.steps <= warm:
+        raise ConfigError("job.steps", cfg.job.steps, f"must exceed the {warm} unmeasured warm-up/calibration steps "
+                          "(log.skip_first + ablate.calibrate_steps)")
     if args.resume and Path(args.resume).is_dir():
         args.resume = str(Path(args.resume) / "last.pt")
     return args, cfg

@@ -6,6 +6,7 @@ Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``tr
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -21,6 +22,7 @@ from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError, config_to_dict
 from ..data import DataInfo, build_datasets, build_train_loader, data_wait_advice, eval_batches
+from ..data.delay import with_sample_delay
 from ..dist import DistEnv, gather_env_rows, init_distributed
 from ..dist.table import print_env_table
 from ..log import logger, setup_logging
@@ -30,6 +32,8 @@ from ..strategies import (Prepared, allreduce_after_backward, apply_strategy, ap
 from ..strategies.report import strategy_summary
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .evaluate import evaluate
+from .instrument import ComputeClock, SleepCompute
+from .profile import OpProfiler
 from .progress import ProgressView
 from .schedule import lr_at
 from .summary import median_spread, print_summary, write_summary
@@ -89,6 +93,7 @@ class Trainer:
         if self.train_data is None:
             self.train_data, self.eval_data, self.info = build_datasets(cfg.data)
         self.info = self.info or _infer_info(self.train_data)
+        self.train_data = with_sample_delay(self.train_data, cfg.data.sample_delay_ms, cfg.data.sample_delay_scope)
         model = self.user_model or build_model(cfg.model.name, self.info.in_shape, self.info.num_classes,
                                                cfg.model.width, cfg.model.depth)
         state = load_checkpoint(self.resume) if self.resume else None
@@ -98,6 +103,15 @@ class Trainer:
         self.opt = build_optimizer(self.p.module.parameters(), cfg)
         if cfg.strategy.shard_optimizer:
             self.opt = apply_zero(self.opt)
+        # Measurement and controlled experiments (the doctor's ablations and injected faults).
+        self.clock = ComputeClock(env.device, cfg.job.slow_factor if env.rank == cfg.job.slow_rank else 1.0)
+        self.sleep_test = SleepCompute(self.p.module, env.device) if cfg.ablate.compute == "sleep" else None
+        self.calib_steps = cfg.ablate.calibrate_steps if self.sleep_test and not cfg.ablate.sleep_times else 0
+        if self.sleep_test and cfg.ablate.sleep_times:
+            self.sleep_test.load(json.loads(Path(cfg.ablate.sleep_times).read_text()), env.device)
+        elif self.sleep_test:
+            self.sleep_test.start_calibration()
+        self.profiler = OpProfiler(env.device) if cfg.log.profile and env.is_main else None
         self.global_batch = cfg.data.batch_size * env.world_size * cfg.strategy.grad_accum
         self.loader = build_train_loader(cfg.data, self.train_data, self.info, env.device, env.rank,
                                          env.world_size, cfg.job.seed, env.is_main)
@@ -137,6 +151,10 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, cfg.optim, self.global_batch, cfg.job.steps)
         wait, loss_sum = 0.0, None
+        calibrating = self.sleep_test is not None and not self.sleep_test.installed
+        # Without communication (or while the sleep test times modules) DDP's forward is bypassed too:
+        # no gradient hooks fire and no buffers are broadcast.
+        net = p.module if ab.comm or calibrating else p.model
         for micro in range(s.grad_accum):
             t0 = time.perf_counter()
             if ab.data:
@@ -148,10 +166,15 @@ class Trainer:
             wait += time.perf_counter() - t0
             # DDP exchanges gradients in backward only on the last micro-step, and only with overlap on.
             sync = micro == s.grad_accum - 1 and s.overlap and not ab.comm
+            self.clock.start()
             with (contextlib.nullcontext() if sync else p.model.no_sync()):
                 with p.autocast():
-                    loss = nn.functional.cross_entropy(p.model(x).float(), y) / s.grad_accum
-                p.scaler.scale(loss).backward()
+                    loss = nn.functional.cross_entropy(net(x).float(), y) / s.grad_accum
+                scaled = p.scaler.scale(loss)
+                self.clock.watch(scaled)
+                if calibrating:
+                    self.sleep_test.watch(scaled)  # type: ignore[union-attr]
+                scaled.backward()
             if sync:
                 p.meter.backward_done()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -184,23 +207,36 @@ class Trainer:
         window_n, window_t0 = 0, time.perf_counter()
         t_prev = loop_t0 = time.perf_counter()
         self._loss_curve: list[tuple[int, float, float]] = []  # (step, seconds into the loop, loss) at log points
+        warm = cfg.log.skip_first + self.calib_steps  # steps excluded from every timing
+        artefacts: dict[str, Any] = {}
         try:
             while self.step < cfg.job.steps:
+                if self.profiler and self.step - start_step == warm:
+                    self.profiler.start()
                 loss, wait, post_calls = self._train_step()
                 self.step += 1
                 if self.p.tuner is not None and self.p.tuner.active:
                     self.p.tuner.after_step()  # bucket_mb auto: may re-wrap the model in a new DDP
                 now = time.perf_counter()
-                if self.step - start_step > cfg.log.skip_first:
+                measured = self.step - start_step > warm
+                self.clock.end_step(measured)
+                if measured:
                     step_times.append(now - t_prev)
                     waits.append(wait)
+                    if self.profiler:
+                        self.profiler.step_done()
+                if self.sleep_test and not self.sleep_test.installed:
+                    self.sleep_test.end_step()
+                    if self.step - start_step >= self.calib_steps:
+                        self.sleep_test.install()
+                        artefacts["sleep_times"] = self._write_sleep_times()
                 t_prev = now
                 if loss_first is None:
                     loss_first = loss.clone()
                 loss_last = loss
                 window_loss += loss
                 window_n += 1
-                if self.step == start_step + 2:  # DDP has rebuilt its buckets after the first step
+                if self.step == start_step + self.calib_steps + 2:  # DDP has rebuilt its buckets after the first step
                     calls = post_calls or (0 if cfg.ablate.comm else bucket_count(self.p.model))
                 if self.step % cfg.log.every == 0 or self.step == cfg.job.steps:
                     # The only host sync of the loop: metrics leave the device every log.every steps.
@@ -225,6 +261,10 @@ class Trainer:
         finally:
             view.close()
             self.loader.close()  # stop the prefetch thread and the worker processes
+            if self.sleep_test:
+                self.sleep_test.uninstall()  # evaluation runs the real modules
+        if self.profiler:
+            artefacts.update(self._write_profile())
         if self.p.post_train is not None:
             self.p.post_train()  # local SGD: replicas averaged once more, so eval and checkpoint see one model
         if calls == 0 and self.step - start_step == 1 and not cfg.ablate.comm:
@@ -234,12 +274,28 @@ class Trainer:
             self._checkpoint(final=True)
         summary = self._summary(step_times, waits, calls, loss_first, loss_last, eval_loss, eval_acc, eval_n,
                                 time.perf_counter() - t_start)
+        summary.update(artefacts)
         if env.is_main:
             if self.json_path:
                 write_summary(self.json_path, summary)
             if cfg.log.progress != "none":
                 print_summary(summary)
         return summary
+
+    def _artefact_dir(self) -> Path:
+        return Path(self.cfg.job.out or (Path(self.json_path).parent if self.json_path else "."))
+
+    def _write_sleep_times(self) -> str:
+        """Rank 0's calibrated module durations, reusable by another run through ``ablate.sleep_times``."""
+        path = self._artefact_dir() / "sleep_times.json"
+        if self.env.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.sleep_test.export()) + "\n")  # type: ignore[union-attr]
+        return str(path)
+
+    def _write_profile(self) -> dict[str, str]:
+        """Rank 0's per-operator table, into job.out, else beside the summary JSON, else here."""
+        return self.profiler.write(self._artefact_dir(), self.env.world_size)  # type: ignore[union-attr]
 
     def _evaluate(self, view: ProgressView | None) -> tuple[float, float, int]:
         if self.eval_data is None or len(self.eval_data) == 0:
@@ -273,6 +329,10 @@ class Trainer:
         losses /= env.world_size
         med, spread = median_spread(step_times)
         total_t = sum(step_times)
+        # Per-rank medians: all-reduce equalises step times, compute times show who is slow.
+        mine = (self.clock.median(), med, median_spread(waits)[0])
+        per_rank: list[Any] = [None] * env.world_size
+        dist.all_gather_object(per_rank, mine)
         # The slowest rank's input pipeline bounds the job: its rate x world size; skipped images summed.
         rate = torch.tensor([float(self.loader.samples_per_s)], device=env.device)
         dist.all_reduce(rate, op=dist.ReduceOp.MIN)
@@ -296,7 +356,12 @@ class Trainer:
             "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
-            "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data},
+            "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data, "compute": cfg.ablate.compute},
+            "rank_compute_s": [r[0] for r in per_rank], "rank_step_time_s": [r[1] for r in per_rank],
+            "rank_data_wait_s": [r[2] for r in per_rank],
+            "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
+            "calibrated_compute_s": (self.sleep_test.total_fwd_s + self.sleep_test.total_bwd_s)
+            if self.sleep_test else None,
             "wall_s": wall, "config": config_to_dict(cfg), "loss_curve": self._loss_curve,
             **strategy_summary(self.p, self.opt, cfg, calls),  # comm bytes/wait, optimizer memory, autotune
         }

@@ -1,0 +1,200 @@
+"""The doctor's arithmetic, as pure functions over run summaries (testable without running anything).
+
+At each world size k (1 and N) four configurations are timed, each removing one more part of the step:
+
+    base  ->  no_data (--ablate.data)  ->  no_comm (+ --ablate.comm)  ->  sleep (+ --ablate.compute sleep)
+
+so T_base = input + communication + compute + framework at each k, and the scaling loss
+L = T_base(N) - T_base(1) splits exactly (the terms telescope) into
+
+    input         = [T_base - T_no_data](N) - [same](1)
+    communication = [T_no_data - T_no_comm](N) - [same](1)
+    compute       = [T_no_comm - T_sleep](N) - [same](1)   -> straggler + slow_operator + compute_interference
+    framework     = T_sleep(N) - T_sleep(1)                (seed 000's sleep test)
+
+Job time of a run is its slowest rank's median step time (ranks without communication are decoupled).
+Every term is computed per repeat; its value is the median, its noise the range over repeats or twice the
+standard error of the medians it is made of, whichever is larger. A cause is significant only above its noise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from .stats import job_step_time, max_rank_gap, median, median_se
+
+__all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS"]
+
+CONFIGS: dict[str, list[str]] = {
+    "base": [],
+    "no_data": ["--ablate.data", "true"],
+    "no_comm": ["--ablate.data", "true", "--ablate.comm", "true"],
+    "sleep": ["--ablate.data", "true", "--ablate.comm", "true", "--ablate.compute", "sleep"],
+}
+CAUSES = ("communication", "input", "compute_interference", "framework_overhead", "slow_operator", "straggler",
+          "threads")
+# Profiler rows that are communication or bookkeeping, not a model's operator.
+COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
+            "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
+
+Runs = dict[tuple[str, int], list[dict[str, Any]]]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _t(runs: Runs, cfg: str, k: int) -> list[float]:
+    return [job_step_time(s) for s in runs.get((cfg, k), [])]
+
+
+def _se(runs: Runs, cfg: str, k: int) -> float:
+    vals = [median_se(s) for s in runs.get((cfg, k), [])]
+    return median(vals) if vals else 0.0
+
+
+def _term(per_repeat: list[float], ses: list[float]) -> tuple[float, float]:
+    """(median over repeats, noise)."""
+    vals = [v for v in per_repeat if math.isfinite(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    rng = max(vals) - min(vals) if len(vals) > 1 else 0.0
+    within = 2.0 * math.sqrt(sum(s * s for s in ses))
+    return statistics.median(vals), max(rng, within)
+
+
+def op_excess(prof1: dict[str, Any], profn: dict[str, Any]) -> tuple[list[dict[str, Any]], float, float]:
+    """Per-operator excess time at N beyond the general slow-down: (rows worst first, general ratio, noise).
+
+    An operator that is just as slow as everything else at N is interference, not a slow operator; the
+    general ratio is the time-weighted median of per-operator ratios N/1.
+    """
+    key = "self_device_s_per_step" if profn.get("device") == "cuda" else "self_s_per_step"
+
+    def ops(p: dict[str, Any]) -> dict[str, float]:
+        return {o["name"]: o[key] for o in p.get("ops", []) if not any(c in o["name"].lower() for c in COMM_OPS)}
+
+    one, many = ops(prof1), ops(profn)
+    shared = [n for n in one if n in many and one[n] > 0]
+    weighted = sorted(((many[n] / one[n], one[n]) for n in shared), key=lambda x: x[0])
+    total = sum(w for _, w in weighted)
+    ratio, acc = 1.0, 0.0
+    for r, w in weighted:
+        acc += w
+        if acc >= total / 2:
+            ratio = r
+            break
+    rows = [{"op": n, "s_per_step_1": one.get(n, 0.0), "s_per_step_n": t,
+             "excess_s": t - ratio * one.get(n, 0.0)} for n, t in many.items()]
+    rows.sort(key=lambda r: -r["excess_s"])
+    res = [r["excess_s"] for r in rows]
+    mad = statistics.median([abs(x - statistics.median(res)) for x in res]) if res else 0.0
+    return rows, ratio, 3.0 * 1.4826 * mad
+
+
+def _cause(name: str, per_repeat: list[float], ses: list[float], loss: float, evidence: str,
+           suggestion: str = "", flags: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    value, noise = _term(per_repeat, ses)
+    return {"name": name, "seconds_per_step": value, "noise_s": noise,
+            "share": value / loss if loss > 0 and math.isfinite(value) else float("nan"),
+            "per_repeat_s": per_repeat, "evidence": evidence, "suggestion": suggestion,
+            "apply_flags": flags or {}, **extra}
+
+
+def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
+            profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
+            threads: dict[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Split the scaling loss of ``runs`` into ranked causes (see the module docstring).
+
+    ``ctx`` carries what suggestions need: bucket_mb, overlap, workers, slow_rank, available strategy fields.
+    """
+    from .suggest import suggest
+
+    R = min(len(runs.get((c, k), [])) for c in ("base", "no_data", "no_comm") for k in (1, n))
+    pick = lambda c, k: _t(runs, c, k)[:R]  # noqa: E731
+    b1, bn, d1, dn, c1, cn = (pick(c, k) for c in ("base", "no_data", "no_comm") for k in (1, n))
+    se = {(c, k): _se(runs, c, k) for c in CONFIGS for k in (1, n)}
+    loss_r = [x - y for x, y in zip(bn, b1)]
+    loss, loss_noise = _term(loss_r, [se["base", 1], se["base", n]])
+    t1, tn = median(b1), median(bn)
+    causes: list[dict[str, Any]] = []
+    input_r = [(bn[i] - dn[i]) - (b1[i] - d1[i]) for i in range(R)]
+    comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) for i in range(R)]
+    cside_r = [cn[i] - c1[i] for i in range(R)]
+    base_n = runs[("base", n)][0]
+    ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step")}
+    causes.append(_cause(
+        "input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], loss,
+        f"data wait {median(s.get('data_wait_frac') for s in runs[('base', n)]):.0%} of the step at {n} processes vs "
+        f"{median(s.get('data_wait_frac') for s in runs[('base', 1)]):.0%} at 1; one batch kept on the device "
+        f"saves {_ms(median(bn) - median(dn))} ms/step at {n} vs {_ms(median(b1) - median(d1))} ms at 1",
+        *suggest("input", ctx)))
+    causes.append(_cause(
+        "communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]], loss,
+        f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
+        f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
+        f"{_ms(median(dn) - median(cn))} ms/step at {n} processes", *suggest("communication", ctx)))
+    # Stragglers: ranks decoupled (no comm, no data) still each report their compute time.
+    gaps = [max_rank_gap(s.get("rank_compute_s") or []) for s in runs[("no_comm", n)][:R]]
+    worst = statistics.mode([g[1] for g in gaps]) if gaps else 0
+    strag_r = [g[0] for g in gaps]
+    rank_c = [median(s["rank_compute_s"][i] for s in runs[("no_comm", n)][:R])
+              for i in range(len(runs[("no_comm", n)][0].get("rank_compute_s") or []))]
+    strag = _cause("straggler", strag_r, [], loss,
+                   f"rank {worst} computes {_ms(median(strag_r))} ms/step longer than the median of the others "
+                   f"(per-rank forward+backward: {', '.join(f'{c * 1e3:.2f} ms' for c in rank_c)})",
+                   *suggest("straggler", {**ctx, "rank": worst}), rank=worst)
+    sl1, sln = _t(runs, "sleep", 1)[:R], _t(runs, "sleep", n)[:R]
+    have_sleep = len(sl1) == R and len(sln) == R and R > 0
+    if have_sleep:
+        fw_r = [sln[i] - sl1[i] for i in range(R)]
+        causes.append(_cause(
+            "framework_overhead", fw_r, [se["sleep", 1], se["sleep", n]], loss,
+            f"sleep test (every leaf module's compute replaced by a sleep of its duration measured at 1 process): "
+            f"{_ms(median(sl1))} ms/step at 1 vs {_ms(median(sln))} ms at {n}", *suggest("framework_overhead", ctx)))
+        compute_r = [cside_r[i] - fw_r[i] for i in range(R)]
+    else:
+        compute_r = cside_r
+    slow = None
+    if profiles:
+        rows, ratio, op_noise = op_excess(*profiles)
+        top = rows[0] if rows else None
+        cap = max(0.0, median(compute_r))
+        excess = min(max(0.0, top["excess_s"]), cap) if top else 0.0
+        slow = _cause("slow_operator", [excess] * max(1, R), [op_noise / 2], loss,
+                      (f"{top['op']}: {top['s_per_step_1'] * 1e3:.3f} ms/step at 1 vs {top['s_per_step_n'] * 1e3:.3f} "
+                       f"ms at {n}, {excess * 1e3:.3f} ms beyond the general x{ratio:.2f} slow-down of all "
+                       "operators (rank 0 profiles)") if top else "no operator data",
+                      *suggest("slow_operator", {**ctx, "op": top["op"] if top else "?"}),
+                      operator=top["op"] if top else None, top_ops=rows[:5])
+        causes.append(slow)
+    slow_s = slow["seconds_per_step"] if slow and math.isfinite(slow["seconds_per_step"]) else 0.0
+    strag_s = [max(0.0, v) for v in strag_r]
+    inter_r = [compute_r[i] - strag_s[i] - slow_s for i in range(R)]
+    causes.append(strag)
+    causes.append(_cause(
+        "compute_interference", inter_r, [se["no_comm", 1], se["no_comm", n]] +
+        ([se["sleep", 1], se["sleep", n]] if have_sleep else []), loss,
+        f"forward+backward without data and communication: {_ms(median(c1))} ms/step at 1 vs {_ms(median(cn))} ms at "
+        f"{n}" + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
+        f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {base_n.get('threads')} at {n}",
+        *suggest("compute_interference", ctx)))
+    if threads:
+        best_t, best = min(((t, median(job_step_time(s) for s in ss)) for t, ss in threads.items()),
+                           key=lambda x: x[1])
+        gain_r = [bn[i] - job_step_time(s) for i, s in enumerate(threads[best_t][:R])]
+        causes.append(_cause(
+            "threads", gain_r, [se["base", n], median(median_se(s) for s in threads[best_t])], loss,
+            f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
+            f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
+    real_loss = math.isfinite(loss) and loss > loss_noise
+    for c in causes:
+        v = c["seconds_per_step"]
+        c["significant"] = bool(real_loss and math.isfinite(v) and v > c["noise_s"] and c["share"] >= min_share)
+    causes.sort(key=lambda c: (not c["significant"], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
+    return {"scaling_loss_s": loss, "scaling_loss_noise_s": loss_noise, "scaling_loss_significant": real_loss,
+            "step_time_1_s": t1, "step_time_n_s": tn, "nproc": n,
+            "efficiency": median(s["samples_per_s"] for s in runs[("base", n)]) /
+            (n * median(s["samples_per_s"] for s in runs[("base", 1)])), "repeats": R, "causes": causes}

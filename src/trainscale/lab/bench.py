@@ -1,0 +1,254 @@
+"""``trainscale bench``: a scaling sweep over world sizes, with a report.
+
+For each world size it runs ``trainscale train --nproc N [your options] --json ...`` ``--repeat`` times and
+reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)), communication
+overhead per iteration (T_N - T_1 at the same per-device batch, seed 002), data-wait fraction, medians
+and spreads. Weak scaling (fixed per-device batch) by default; ``--scaling strong`` fixes the global batch.
+
+Example::
+
+    trainscale bench --nproc 1,2 --out runs/bench
+    trainscale bench --nproc 1,4,8 --model se_resnext152 --data synthetic --batch-size 40 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..config import ConfigError, config_to_dict
+from .common import check_train_args, console, err_console, fmt, parse_nproc_list, write_json
+from .report import figure, save, write_reports
+from .runner import LauncherOptions, RunFailed, RunSpec, run_train
+from .stats import job_step_time, median, rel_spread
+
+__all__ = ["main", "make_point", "complete_points", "PLOTS"]
+
+PLOTS = ("throughput.png", "efficiency.png", "breakdown.png")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainscale bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Scaling sweep: run the training job at several world sizes and report speed-up, "
+                    "scaling efficiency and communication overhead. Other options go to `trainscale train`.",
+        epilog="examples:\n  trainscale bench --nproc 1,2 --out runs/bench\n"
+               "  trainscale bench --nproc 1,2,4 --scaling strong --batch-size 128 --repeat 5\n"
+               "  trainscale bench --nproc 8 --nnodes 2 --rdzv-endpoint node0:29400 ...   # on each node")
+    p.add_argument("--nproc", default="1,2", help="processes per node to sweep, comma-separated (default 1,2)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per point; medians and spreads over them (default 3)")
+    p.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                   help="weak: fixed per-device batch (default); strong: fixed global batch")
+    p.add_argument("--out", default="runs/bench", help="folder for bench.json, report.md/html and plots")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is ended")
+    p.add_argument("--nnodes", default="1", help="nodes (passed to the launcher); run the same bench on each")
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr")
+    p.add_argument("--master-port", type=int)
+    p.add_argument("--rdzv-endpoint")
+    return p
+
+
+def _run_args(user: list[str], scaling: str, base_batch: int, base_n: int, nproc: int, world: int) -> list[str]:
+    if scaling == "weak":
+        return list(user)
+    global_batch = base_batch * base_n
+    return [*user, "--data.batch_size", str(global_batch // world)]
+
+
+def make_point(nproc: int, world: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians and spreads of one world size's repeated runs (speed-up etc. are added by complete_points)."""
+    sps = [r["samples_per_s"] for r in runs]
+    return {
+        "nproc": nproc, "world_size": world, "repeats": len(runs),
+        "samples_per_s": median(sps), "spread": rel_spread(sps),
+        "step_time_s": median(job_step_time(r) for r in runs),
+        "step_time_spread": median(r.get("step_time_spread") for r in runs),
+        "data_wait_frac": median(r.get("data_wait_frac") for r in runs),
+        "compute_s": median(max(r.get("rank_compute_s") or [float("nan")]) for r in runs),
+        "global_batch": runs[0]["global_batch"], "batch_size": runs[0]["batch_size"],
+        "threads": runs[0].get("threads"),
+        "samples_per_s_runs": sps,
+    }
+
+
+def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str, Any]]:
+    """Speed-up, efficiency and communication overhead against the smallest world size measured."""
+    if not points:
+        return points
+    base = points[0]
+    for p in points:
+        ratio = p["world_size"] / base["world_size"]
+        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
+        # efficiency = throughput(N) / (N x throughput(1)) (relative to the base world size when it is not 1)
+        p["efficiency"] = p["samples_per_s"] / (ratio * base["samples_per_s"])
+        ideal_t = base["step_time_s"] if scaling == "weak" else base["step_time_s"] / ratio
+        p["comm_overhead_s"] = p["step_time_s"] - ideal_t
+    return points
+
+
+def _table(points: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("procs", "samples/s", "speed-up", "effic.", "comm ms", "data wait", "step ms", "spread"):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(str(p["world_size"]), f"{p['samples_per_s']:,.0f}", f"{p['speedup']:.2f}x",
+                  f"{p['efficiency']:.0%}", f"{p['comm_overhead_s'] * 1e3:+.2f}", f"{p['data_wait_frac']:.1%}",
+                  f"{p['step_time_s'] * 1e3:.2f}", f"{p['spread']:.1%}")
+    return t
+
+
+def _plots(points: list[dict[str, Any]], out: Path) -> list[str]:
+    ws = [p["world_size"] for p in points]
+    base = points[0]
+    fig, ax = figure()
+    ax.plot(ws, [p["samples_per_s"] for p in points], "o-", label="measured")
+    ax.plot(ws, [base["samples_per_s"] * w / base["world_size"] for w in ws], "--", color="gray", label="ideal")
+    for p in points:
+        lo, hi = min(p["samples_per_s_runs"]), max(p["samples_per_s_runs"])
+        ax.vlines(p["world_size"], lo, hi, color="C0", alpha=0.5)
+    ax.set(xlabel="processes", ylabel="samples/s", title="Throughput against processes", xticks=ws)
+    ax.legend()
+    save(fig, out / PLOTS[0])
+    fig, ax = figure()
+    ax.plot(ws, [p["efficiency"] * 100 for p in points], "o-")
+    ax.axhline(100, ls="--", color="gray")
+    ax.set(xlabel="processes", ylabel="scaling efficiency (%)", title="Scaling efficiency", xticks=ws,
+           ylim=(0, max(110, max(p["efficiency"] * 100 for p in points) + 10)))
+    save(fig, out / PLOTS[1])
+    fig, ax = figure()
+    data = [p["step_time_s"] * p["data_wait_frac"] * 1e3 for p in points]
+    comp = [min(p["compute_s"], p["step_time_s"]) * 1e3 if p["compute_s"] == p["compute_s"] else 0 for p in points]
+    rest = [max(0.0, p["step_time_s"] * 1e3 - d - c) for p, d, c in zip(points, data, comp)]
+    x = [str(w) for w in ws]
+    ax.bar(x, data, label="data wait")
+    ax.bar(x, comp, bottom=data, label="forward+backward (slowest rank)")
+    ax.bar(x, rest, bottom=[d + c for d, c in zip(data, comp)], label="communication, sync, optimizer, other")
+    ax.set(xlabel="processes", ylabel="ms per step", title="Step-time breakdown")
+    ax.legend(fontsize=8)
+    save(fig, out / PLOTS[2])
+    return list(PLOTS)
+
+
+def _report(out: Path, doc: dict[str, Any]) -> None:
+    points = doc["points"]
+    cfg = doc["config"]
+    blocks: list[tuple] = [("p", f"{cfg['scaling']} scaling, {cfg['repeat']} run(s) per point, model "
+                                 f"{cfg['model']} on {cfg['data']}, {cfg['steps']} steps "
+                                 f"({cfg['skip_first']} warm-up steps excluded), per-device batch at the base point "
+                                 f"{cfg['batch_size']}. Machine: {doc['machine']}.")]
+    if points:
+        rows = [[p["world_size"], f"{p['samples_per_s']:,.0f}", f"{p['speedup']:.2f}", f"{p['efficiency']:.1%}",
+                 f"{p['comm_overhead_s'] * 1e3:+.3f}", f"{p['data_wait_frac']:.1%}",
+                 f"{p['step_time_s'] * 1e3:.3f}", f"{p['spread']:.1%}", p["global_batch"]] for p in points]
+        blocks += [("h2", "Results"),
+                   ("table", ["processes", "samples/s", "speed-up", "efficiency", "comm overhead (ms/step)",
+                              "data wait", "step time (ms)", "spread over repeats", "global batch"], rows),
+                   ("p", "Efficiency = throughput(N) / (N x throughput(1)); communication overhead = step time at N "
+                         "minus step time at 1 (weak scaling: same per-device batch). 'spread' is (max - min) / "
+                         "median of samples/s over the repeats: differences smaller than it are noise."),
+                   ("img", PLOTS[0], "Throughput with the ideal (linear) line; vertical bars: range over repeats"),
+                   ("img", PLOTS[1], "Scaling efficiency"),
+                   ("img", PLOTS[2], "Where a step's time goes (medians)")]
+    threads = {p["world_size"]: p.get("threads") for p in points}
+    if len(set(threads.values())) > 1:
+        blocks.append(("p", "Note: intra-op threads per process differ between points (" +
+                       ", ".join(f"{t} at {w}" for w, t in threads.items()) + "): the smaller runs had more cores "
+                       "each, so this is not a like-for-like comparison; pass --job.threads T to fix it."))
+    if doc.get("error"):
+        e = doc["error"]
+        blocks += [("h2", "Stopped by a failed run"),
+                   ("p", f"processes={e['nproc']} repeat {e['repeat']}: {e['message']}"), ("pre", e["command"])]
+    blocks += [("h2", "Commands"), ("pre", "\n".join(doc["commands"]))]
+    write_reports(out, "report", "trainscale bench", blocks)
+
+
+def _machine() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        import torch
+        gpus = torch.cuda.device_count()
+        dev = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "no GPU"
+    except Exception:  # pragma: no cover
+        dev = "unknown accelerator"
+    return f"{platform.node()}, {cores} CPU cores, {dev}"
+
+
+def main(argv: list[str]) -> int:
+    """Entry of ``trainscale bench``."""
+    args, rest = _parser().parse_known_args(argv)
+    nprocs = parse_nproc_list(args.nproc)
+    if args.repeat < 1:
+        raise ConfigError("--repeat", args.repeat, "must be >= 1")
+    launcher = LauncherOptions(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.rdzv_endpoint)
+    nnodes = int(str(args.nnodes).split(":")[-1])
+    cfg = check_train_args(rest)
+    if args.scaling == "strong":
+        global_batch = cfg.data.batch_size * nprocs[0] * nnodes
+        bad = [n for n in nprocs if global_batch % (n * nnodes)]
+        if bad:
+            raise ConfigError("--batch-size", cfg.data.batch_size, f"strong scaling keeps the global batch "
+                              f"{global_batch}; it must divide by every world size (not by {bad[0] * nnodes})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "points": [], "runs": [], "commands": [], "error": None, "machine": _machine(),
+        "config": {"scaling": args.scaling, "repeat": args.repeat, "nproc": nprocs, "nnodes": args.nnodes,
+                   "train_args": rest, "model": cfg.model.name, "data": cfg.data.name, "steps": cfg.job.steps,
+                   "skip_first": cfg.log.skip_first, "batch_size": cfg.data.batch_size, "train": config_to_dict(cfg)},
+    }
+    total = len(nprocs) * args.repeat
+    failed = None
+    with Progress(TextColumn("bench {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=total)
+        for n in nprocs:
+            world = n * nnodes
+            runs = []
+            for r in range(args.repeat):
+                bar.update(task, description=f"{world} process(es), run {r + 1}/{args.repeat}")
+                spec = RunSpec(n, _run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
+                               out / "runs" / f"n{world}_r{r}.json", f"run with {world} process(es)", launcher)
+                doc["commands"].append(spec.shell())
+                try:
+                    summary = run_train(spec, args.timeout)
+                except RunFailed as e:
+                    failed = {"nproc": world, "repeat": r + 1, "message": e.detail, "command": spec.shell()}
+                    break
+                runs.append(summary)
+                doc["runs"].append({k: summary.get(k) for k in ("world_size", "samples_per_s", "step_time_s",
+                                    "step_time_spread", "data_wait_frac", "rank_compute_s", "rank_step_time_s",
+                                    "allreduce_calls_per_step", "global_batch", "command")})
+                bar.advance(task)
+            if failed:
+                break  # partial results: the points measured so far stay in bench.json
+            doc["points"].append(make_point(n, world, runs))
+            complete_points(doc["points"], args.scaling)
+            write_json(out / "bench.json", doc)
+    doc["error"] = failed
+    complete_points(doc["points"], args.scaling)
+    if doc["points"]:
+        _plots(doc["points"], out)
+    write_json(out / "bench.json", doc)
+    _report(out, doc)
+    if doc["points"]:
+        console.print(_table(doc["points"], f"trainscale bench ({args.scaling} scaling, "
+                                            f"{args.repeat} run(s) per point, medians)"))
+    console.print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, {out / 'report.html'}"
+                  + (", " + ", ".join(str(out / p) for p in PLOTS) if doc["points"] else ""))
+    threads = {p["world_size"]: p.get("threads") for p in doc["points"]}
+    if len(set(threads.values())) > 1:
+        err_console.print("note: threads per process differ between points (" + ", ".join(
+            f"{t} at {w}" for w, t in threads.items()) + "); --job.threads T compares like with like")
+    if failed:
+        err_console.print(f"trainscale bench: run with {failed['nproc']} process(es) failed: {failed['message']}\n"
+                          f"  command: {failed['command']}\n  sweep stopped; {len(doc['points'])} point(s) "
+                          "measured before it are kept in bench.json", markup=False, highlight=False)
+        return 1
+    return 0

@@ -1,0 +1,65 @@
+"""What bench and doctor share: option parsing helpers, atomic JSON, the rich console."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..config import Config, ConfigError
+
+__all__ = ["parse_nproc_list", "check_train_args", "write_json", "console", "err_console", "fmt"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+_RESERVED = ("--json", "--nproc", "--log.progress", "--print-config")
+
+
+def parse_nproc_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; anything else is one clear error."""
+    accepted = "comma-separated process counts >= 1, e.g. 1,2,4"
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("--nproc", text, accepted) from None
+    if not values or any(v < 1 for v in values):
+        raise ConfigError("--nproc", text, accepted)
+    return sorted(set(values))
+
+
+def check_train_args(args: list[str]) -> Config:
+    """Validate the train options before any run starts (a typo fails now, not after minutes)."""
+    from ..train.cli import parse
+
+    for a in args:
+        if a.split("=", 1)[0] in _RESERVED:
+            raise ConfigError(a.split("=", 1)[0], a, "set by the lab itself for each run; leave it out")
+    _, cfg = parse(list(args))
+    return cfg
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically: a reader never sees half a file, a crash keeps the previous one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """Short human number."""
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)

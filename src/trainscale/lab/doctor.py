@@ -1,0 +1,269 @@
+"""``trainscale doctor``: controlled experiments that name why a job does not scale, with shares and evidence.
+
+It runs your job (``trainscale train`` with your options) at 1 and N processes, each time removing one part
+of the step with the trainer's ablation flags, and splits the scaling loss T_N - T_1 (same per-device batch)
+into causes: communication, input, compute_interference, framework_overhead (seed 000's sleep test),
+slow_operator (per-operator profiles at 1 and N), straggler (per-rank compute times) and threads.
+A cause is significant only when it exceeds its measured noise. ``--apply`` re-runs with the top suggestion.
+
+Example::
+
+    trainscale doctor --nproc 2 --model resnet18 --model.width 8 --data synthetic --steps 40 --out runs/doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..config import ConfigError, config_to_dict
+from .analysis import CONFIGS, analyse
+from .common import check_train_args, console, err_console, write_json
+from .report import figure, save, write_reports
+from .runner import RunFailed, RunSpec, run_train
+from .stats import job_step_time, median
+from .suggest import context_from_config
+
+__all__ = ["main"]
+
+PLOTS = ("causes.png", "experiments.png")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainscale doctor", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find out, by controlled experiments on your own job, why it does not scale. "
+                    "Other options go to `trainscale train`.",
+        epilog="examples:\n  trainscale doctor --nproc 2 --out runs/doctor\n"
+               "  trainscale doctor --nproc 2 --strategy.bucket_mb 0 --model.depth 12 --apply")
+    p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per experiment; noise is measured over them")
+    p.add_argument("--out", default="runs/doctor", help="folder for doctor.json, doctor.md/html and plots")
+    p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain")
+    p.add_argument("--quick", action="store_true",
+                   help="first-level experiments only (input, communication, compute, stragglers): no sleep test, "
+                        "profiles or thread trials")
+    p.add_argument("--min-share", type=float, default=0.05, help="smallest share of the loss worth reporting")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take before it is ended")
+    return p
+
+
+class _Lab:
+    """Runs experiments, keeps every summary, and stops cleanly on the first failure."""
+
+    def __init__(self, out: Path, user: list[str], timeout: float, bar: Progress, task: Any):
+        self.out, self.user, self.timeout, self.bar, self.task = out, user, timeout, bar, task
+        self.log: list[dict[str, Any]] = []
+
+    def run(self, name: str, k: int, extra: list[str], r: int) -> dict[str, Any]:
+        self.bar.update(self.task, description=f"{name} at {k} process(es), run {r + 1}")
+        spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
+                       f"experiment {name} at {k} process(es)")
+        s = run_train(spec, self.timeout)
+        self.log.append({"experiment": name, "nproc": k, "repeat": r, "step_time_s": s["step_time_s"],
+                         "job_step_time_s": job_step_time(s), "samples_per_s": s["samples_per_s"],
+                         "rank_compute_s": s.get("rank_compute_s"), "rank_step_time_s": s.get("rank_step_time_s"),
+                         "data_wait_frac": s.get("data_wait_frac"), "threads": s.get("threads"),
+                         "command": s["command"]})
+        self.bar.advance(self.task)
+        return s
+
+
+def _plan_size(n_configs: int, repeat: int) -> int:
+    return n_configs * 2 * repeat
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _thread_candidates(current: int, n: int) -> list[int]:
+    cores = _cores()
+    return sorted({t for t in (1, max(1, cores // n), cores) if t != current})[:2]
+
+
+def _table(res: dict[str, Any]) -> Table:
+    t = Table(title=f"trainscale doctor: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
+                    f"(1 -> {res['nproc']} processes, efficiency {res['efficiency']:.0%})", title_justify="left")
+    for col, j in (("#", "right"), ("cause", "left"), ("ms/step", "right"), ("share", "right"),
+                   ("noise ms", "right"), ("verdict", "left")):
+        t.add_column(col, justify=j)
+    for i, c in enumerate(res["causes"], 1):
+        v = c["seconds_per_step"]
+        t.add_row(str(i) if c["significant"] else "-", c["name"] + (f" (rank {c['rank']})" if c["name"] ==
+                  "straggler" and c["significant"] else ""),
+                  f"{v * 1e3:+.3f}" if math.isfinite(v) else "-",
+                  f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", f"{c['noise_s'] * 1e3:.3f}",
+                  "significant" if c["significant"] else "not significant")
+    return t
+
+
+def _plots(res: dict[str, Any], lab_log: list[dict[str, Any]], out: Path, n: int) -> None:
+    causes = [c for c in res["causes"] if math.isfinite(c["seconds_per_step"])]
+    fig, ax = figure(6.5, 3.8)
+    names = [c["name"] for c in causes][::-1]
+    vals = [c["seconds_per_step"] * 1e3 for c in causes][::-1]
+    errs = [c["noise_s"] * 1e3 for c in causes][::-1]
+    colors = ["C3" if c["significant"] else "0.7" for c in causes][::-1]
+    ax.barh(names, vals, xerr=errs, color=colors, capsize=3)
+    ax.axvline(res["scaling_loss_s"] * 1e3, ls="--", color="k", label="scaling loss T_N - T_1")
+    ax.set(xlabel="ms per step (error bar: noise)", title="Causes of the scaling loss (red: significant)")
+    ax.legend(fontsize=8)
+    save(fig, out / PLOTS[0])
+    fig, ax = figure(6.5, 3.6)
+    exps = [e for e in CONFIGS if any(r["experiment"] == e for r in lab_log)]
+    for j, k in enumerate((1, n)):
+        ys = [median(r["job_step_time_s"] for r in lab_log if r["experiment"] == e and r["nproc"] == k) * 1e3
+              for e in exps]
+        ax.bar([i + (j - 0.5) * 0.38 for i in range(len(exps))], ys, width=0.38, label=f"{k} process(es)")
+    ax.set_xticks(range(len(exps)), exps)
+    ax.set(ylabel="ms per step (median)", title="Experiments: each removes one more part of the step")
+    ax.legend(fontsize=8)
+    save(fig, out / PLOTS[1])
+
+
+def _report(out: Path, doc: dict[str, Any]) -> None:
+    res = doc if doc.get("result") else None
+    blocks: list[tuple] = [("p", f"Job: trainscale train {' '.join(doc['config']['train_args'])} ; 1 vs "
+                                 f"{doc['config']['nproc']} processes, {doc['config']['repeat']} run(s) per "
+                                 f"experiment. Machine: {doc['machine']}.")]
+    if res:
+        blocks += [("p", f"Step time {res['step_time_1_s'] * 1e3:.3f} ms at 1 process, {res['step_time_n_s'] * 1e3:.3f}"
+                         f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
+                         f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."),
+                   ("h2", "Verdict"),
+                   ("table", ["#", "cause", "ms/step", "share of loss", "noise (ms)", "significant", "evidence"],
+                    [[i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
+                      f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", f"{c['noise_s'] * 1e3:.3f}",
+                      "yes" if c["significant"] else "no", c["evidence"]] for i, c in enumerate(res["causes"], 1)]),
+                   ("h2", "Suggestions"),
+                   ("table", ["cause", "suggestion"],
+                    [[c["name"], c["suggestion"]] for c in res["causes"] if c["significant"]] or
+                    [["-", "no cause above noise: nothing to change"]]),
+                   ("img", PLOTS[0], "Each cause in ms per step with its noise; the dashed line is the total loss"),
+                   ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes")]
+    if doc.get("apply"):
+        a = doc["apply"]
+        blocks += [("h2", "Applied"), ("p", a["text"])]
+    if doc.get("error"):
+        blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
+    blocks += [("h2", "How to read this"),
+               ("p", "Each experiment is a plain trainscale train command (listed below). Differences between them "
+                     "telescope: input + communication + compute + framework = T_N - T_1. A cause is significant "
+                     "only when its value exceeds its noise (range over repeats, or twice the standard error of the "
+                     "medians it is computed from) and is at least the minimum share of the loss."),
+               ("h2", "Runs"), ("pre", "\n".join(r["command"] for r in doc["runs"]))]
+    write_reports(out, "doctor", "trainscale doctor", blocks)
+
+
+def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int) -> dict[str, Any] | None:
+    top = next((c for c in res["causes"] if c["significant"] and c["apply_flags"]), None)
+    if top is None:
+        return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
+    flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
+    base = lambda k: [r for r in lab.log if r["experiment"] == "base" and r["nproc"] == k]  # noqa: E731
+    after = [lab.run("applied", n, flags, r) for r in range(repeat)]
+    # A change of batch changes the 1-process reference too: measure it, so efficiency stays like for like.
+    one_after = [lab.run("applied", 1, flags, r) for r in range(repeat)] if "data.batch_size" in top["apply_flags"] \
+        else None
+    sps1 = median(r["samples_per_s"] for r in base(1))
+    sps1_after = median(s["samples_per_s"] for s in one_after) if one_after else sps1
+    sps_b, sps_a = median(r["samples_per_s"] for r in base(n)), median(s["samples_per_s"] for s in after)
+    t0, t1 = median(r["job_step_time_s"] for r in base(n)), median(job_step_time(s) for s in after)
+    gain = sps_a / sps_b - 1 if sps_b else float("nan")
+    eff_b, eff_a = sps_b / (n * sps1), sps_a / (n * sps1_after)
+    spread = max(abs(s["samples_per_s"] - sps_a) for s in after) / sps_a if sps_a else float("nan")
+    return {"cause": top["name"], "flags": top["apply_flags"], "step_time_before_s": t0, "step_time_after_s": t1,
+            "gain": gain, "samples_per_s_before": sps_b, "samples_per_s_after": sps_a, "spread_after": spread,
+            "efficiency_before": eff_b, "efficiency_after": eff_a,
+            "text": f"{' '.join(flags)} (for {top['name']}): at {n} processes samples/s {sps_b:,.0f} -> {sps_a:,.0f} "
+                    f"({gain:+.0%}; repeats within {spread:.0%}), step time {t0 * 1e3:.3f} -> {t1 * 1e3:.3f} ms, "
+                    f"efficiency {eff_b:.0%} -> {eff_a:.0%}"}
+
+
+def main(argv: list[str]) -> int:
+    """Entry of ``trainscale doctor``."""
+    from .bench import _machine
+
+    args, rest = _parser().parse_known_args(argv)
+    if args.nproc < 2:
+        raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2")
+    if args.repeat < 2:
+        raise ConfigError("--repeat", args.repeat, "must be >= 2: the noise is measured across repeats")
+    cfg = check_train_args(rest)
+    n, R = args.nproc, args.repeat
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = context_from_config(cfg)
+    doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
+                           "machine": _machine(), "config": {"nproc": n, "repeat": R, "train_args": rest,
+                                                             "train": config_to_dict(cfg)}}
+    first = ("base", "no_data", "no_comm")
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    profiles = threads = None
+    with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=_plan_size(len(first), R))
+        lab = _Lab(out, rest, args.timeout, bar, task)
+        try:
+            # Interleaved (repeat, experiment, size) so that a drift of the machine hits every experiment alike.
+            for r in range(R):
+                for name in first:
+                    for k in (1, n):
+                        runs.setdefault((name, k), []).append(lab.run(name, k, CONFIGS[name], r))
+            res = analyse(runs, n, ctx, args.min_share)
+            compute_side = next(c for c in res["causes"] if c["name"] == "compute_interference")
+            straggler = next(c for c in res["causes"] if c["name"] == "straggler")
+            if not args.quick and (compute_side["significant"] or straggler["significant"]):
+                current = runs[("base", n)][0].get("threads") or 1
+                cands = _thread_candidates(current, n)
+                bar.update(task, total=bar.tasks[0].total + 2 * R + 2 + len(cands) * R)
+                for r in range(R):
+                    # Seed 000's sleep test: the N-process run sleeps the durations calibrated at 1 process, so an
+                    # operator that is slow only at N stays compute, and what remains is the framework's own cost.
+                    one = lab.run("sleep", 1, [*CONFIGS["sleep"], "--job.out", str(out / "runs" / f"sleep_r{r}")], r)
+                    runs.setdefault(("sleep", 1), []).append(one)
+                    runs.setdefault(("sleep", n), []).append(
+                        lab.run("sleep", n, [*CONFIGS["sleep"], "--ablate.sleep_times", one["sleep_times"]], r))
+                prof = []
+                for k in (1, n):
+                    s = lab.run("profile", k, ["--profile", "--job.out", str(out / "runs" / f"profile_n{k}")], 0)
+                    prof.append(__import__("json").loads(Path(s["profile_json"]).read_text()))
+                profiles = (prof[0], prof[1])
+                threads = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r) for r in range(R)]
+                           for t in cands}
+                res = analyse(runs, n, ctx, args.min_share, profiles, threads)
+            doc.update(res)
+            doc["result"] = True
+            if args.apply:
+                bar.update(task, total=bar.tasks[0].total + R)
+                doc["apply"] = _apply(lab, res, n, R)
+        except RunFailed as e:
+            doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
+        doc["runs"] = lab.log
+    write_json(out / "doctor.json", doc)
+    if doc.get("result"):
+        _plots(doc, lab.log, out, n)
+    _report(out, doc)
+    if doc.get("result"):
+        res = doc
+        console.print(_table(res))
+        for i, c in enumerate([c for c in res["causes"] if c["significant"]], 1):
+            console.print(f"{i}. [bold]{c['name']}[/bold]: {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
+        if not any(c["significant"] for c in res["causes"]):
+            console.print("no cause above the measured noise" + ("" if res["scaling_loss_significant"] else
+                          " (the scaling loss itself is within noise)"))
+        if doc.get("apply"):
+            console.print(f"applied: {doc['apply']['text']}", highlight=False)
+    console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
+    if doc["error"]:
+        err_console.print(f"trainscale doctor: {doc['error']['message']}\n  command: {doc['error']['command']}",
+                          markup=False, highlight=False)
+        return 1
+    return 0

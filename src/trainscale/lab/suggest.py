@@ -1,0 +1,70 @@
+"""Concrete changes for each cause, naming only trainer flags that exist in this version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["suggest", "context_from_config"]
+
+
+def context_from_config(cfg: Any) -> dict[str, Any]:
+    """What suggestions depend on: the job's own settings and which strategy/data flags exist."""
+    import dataclasses
+
+    return {"bucket_mb": cfg.strategy.bucket_mb, "overlap": cfg.strategy.overlap, "workers": cfg.data.workers,
+            "batch_size": cfg.data.batch_size, "slow_rank": cfg.job.slow_rank, "sample_delay_ms":
+            cfg.data.sample_delay_ms, "threads_cfg": cfg.job.threads,
+            "compression": getattr(cfg.strategy, "compression", "none"),
+            "local_sgd_period": getattr(cfg.strategy, "local_sgd_period", 0),
+            "strategy_fields": [f.name for f in dataclasses.fields(cfg.strategy)],
+            "data_fields": [f.name for f in dataclasses.fields(cfg.data)]}
+
+
+def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """(advice, flags that ``--apply`` can try); flags are empty when the fix is outside the job's options."""
+    sf, df = ctx.get("strategy_fields", []), ctx.get("data_fields", [])
+    if cause == "communication":
+        bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
+        if isinstance(bucket, (int, float)) and bucket < 25 and calls != 1:
+            return (f"fuse gradients into bigger all-reduce buckets: --strategy.bucket_mb 25 (now {bucket:g}: "
+                    f"{calls or 'many'} small all-reduces per step, each paying the latency)", {"strategy.bucket_mb": "25"})
+        if not ctx.get("overlap", True):
+            return ("overlap the all-reduce with backward: --strategy.overlap true", {"strategy.overlap": "true"})
+        if "compression" in sf and ctx.get("compression", "none") == "none":
+            return ("send less: --strategy.compression fp16 (or synchronise less often with local SGD)",
+                    {"strategy.compression": "fp16"})
+        if "local_sgd_period" in sf and not ctx.get("local_sgd_period"):
+            return "synchronise less often: --strategy.local_sgd_period 4", {"strategy.local_sgd_period": "4"}
+        batch = 2 * int(ctx.get("batch_size", 32))
+        return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
+                f"with a larger per-device batch (--batch-size {batch}, with --optim.lr_scaling linear)",
+                {"data.batch_size": str(batch)})
+    if cause == "input":
+        extra = " and --data.prefetch 4" if "prefetch" in df else ""
+        if ctx.get("sample_delay_ms"):
+            return (f"storage is slow (data.sample_delay_ms {ctx['sample_delay_ms']:g} is set: simulated slow "
+                    "disk); remove it, or cache the data set on a faster local disk", {"data.sample_delay_ms": "0"})
+        workers = max(2, 2 * int(ctx.get("workers") or 0))
+        return (f"load in parallel and ahead of the step: --data.workers {workers}{extra}; keep samples uint8 "
+                "until the device", {"data.workers": str(workers)})
+    if cause == "straggler":
+        rank = ctx.get("rank", 0)
+        if ctx.get("slow_rank", -1) >= 0:
+            return (f"rank {rank} is the injected straggler (job.slow_rank {ctx['slow_rank']}); remove "
+                    "--job.slow_rank to run at full speed", {"job.slow_rank": "-1"})
+        return (f"rank {rank} is slower than the others: check its device (clocks, temperature, other processes "
+                "on it, PCIe link) or exclude that host", {})
+    if cause == "slow_operator":
+        return (f"{ctx.get('op')} slows down only with several processes: look at what it does differently "
+                "(synchronisation, a size that grows with world size, memory placement)", {})
+    if cause == "framework_overhead":
+        return (f"the framework's per-step work grows with processes even when compute is a sleep: amortise it "
+                f"with a larger per-device batch (--batch-size {2 * int(ctx.get('batch_size', 32))}) or "
+                "--strategy.grad_accum 2", {"data.batch_size": str(2 * int(ctx.get("batch_size", 32)))})
+    if cause == "compute_interference":
+        return ("processes slow each other's compute (shared cores, memory bandwidth, PCIe): fewer processes per "
+                "machine, set --job.threads so that threads x processes <= cores, check the topology "
+                "(nvidia-smi topo -m)", {})
+    if cause == "threads":
+        return f"use --job.threads {ctx.get('threads')}", {"job.threads": str(ctx.get("threads"))}
+    return "", {}

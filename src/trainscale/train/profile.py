@@ -1,0 +1,74 @@
+"""``--profile``: a per-operator table of rank 0's measured steps, from torch.profiler.
+
+Writes ``profile_rank0.txt`` (the profiler's own table) and ``profile_rank0.json`` (per-step seconds per
+operator) into the run's folder; the doctor compares these files between world sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..log import logger
+
+__all__ = ["OpProfiler", "MAX_PROFILED_STEPS"]
+
+MAX_PROFILED_STEPS = 50  # enough for stable per-op medians; more only grows the trace in memory
+
+
+class OpProfiler:
+    """Profile a window of steps; ``write`` leaves the table and its JSON in ``folder``."""
+
+    def __init__(self, device: torch.device):
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.prof = profile(activities=acts, record_shapes=False)
+        self.device, self.steps, self.running = device, 0, False
+
+    def start(self) -> None:
+        self.prof.start()
+        self.running = True
+
+    def step_done(self) -> None:
+        """Count a profiled step; stop after ``MAX_PROFILED_STEPS``."""
+        if self.running:
+            self.steps += 1
+            if self.steps >= MAX_PROFILED_STEPS:
+                self.stop()
+
+    def stop(self) -> None:
+        if self.running:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.prof.stop()
+            self.running = False
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per operator: calls and seconds per profiled step, heaviest self time first."""
+        n = max(1, self.steps)
+        out = []
+        for ev in self.prof.key_averages():
+            dev = getattr(ev, "self_device_time_total", 0) or getattr(ev, "self_cuda_time_total", 0) or 0
+            out.append({"name": ev.key, "calls_per_step": ev.count / n,
+                        "self_s_per_step": ev.self_cpu_time_total / 1e6 / n,
+                        "total_s_per_step": ev.cpu_time_total / 1e6 / n,
+                        "self_device_s_per_step": dev / 1e6 / n})
+        out.sort(key=lambda r: -(r["self_device_s_per_step"] or r["self_s_per_step"]))
+        return out
+
+    def write(self, folder: Path, world_size: int) -> dict[str, str]:
+        """Write the table and the JSON; returns their paths for the run summary."""
+        self.stop()
+        folder.mkdir(parents=True, exist_ok=True)
+        sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+        table = folder / "profile_rank0.txt"
+        table.write_text(f"# rank 0, world size {world_size}, {self.steps} profiled steps\n"
+                         + self.prof.key_averages().table(sort_by=sort_by, row_limit=40) + "\n")
+        data = folder / "profile_rank0.json"
+        data.write_text(json.dumps({"rank": 0, "world_size": world_size, "steps": self.steps,
+                                    "device": self.device.type, "ops": self.rows()}, indent=1) + "\n")
+        logger.info(f"profile of {self.steps} steps written to {table}")
+        return {"profile_table": str(table), "profile_json": str(data)}

@@ -1,0 +1,23 @@
+"""Run by ``trainscale launch``: train with and without --ablate.comm and print whether ranks' weights agree."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from trainscale.config import load_config
+from trainscale.train.trainer import Trainer
+
+cfg = load_config(["--model.name", "resnet18", "--model.width", "4", "--data.name", "synthetic",
+                   "--data.image_size", "8", "--data.train_size", "256", "--data.eval_size", "16",
+                   "--job.steps", "6", "--log.progress", "none", "--log.skip_first", "1", "--job.threads", "1",
+                   "--ablate.comm", sys.argv[1]])
+t = Trainer(cfg)
+t.fit()
+flat = torch.cat([p.detach().reshape(-1) for p in t.p.module.parameters()])
+bufs = torch.cat([b.detach().float().reshape(-1) for b in t.p.module.buffers()])
+both = [None] * dist.get_world_size()
+dist.all_gather_object(both, (flat, bufs))
+if dist.get_rank() == 0:
+    print(f"WEIGHTS_EQUAL={torch.equal(both[0][0], both[1][0])} BUFFERS_EQUAL={torch.equal(both[0][1], both[1][1])}")
+dist.destroy_process_group()

@@ -1,0 +1,76 @@
+"""The doctor's arithmetic on hand-made summaries: telescoping, noise, stragglers, slow operators."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.lab.analysis import analyse, op_excess
+
+CTX = {"bucket_mb": 25.0, "overlap": True, "workers": 0, "batch_size": 32, "slow_rank": -1, "sample_delay_ms": 0,
+       "strategy_fields": [], "data_fields": []}
+
+
+def summary(t, ranks=1, compute=None, sps=None):
+    return {"step_time_s": t, "rank_step_time_s": [t] * ranks, "rank_compute_s": compute or [t / 2] * ranks,
+            "measured_steps": 100, "step_time_spread": 0.01, "samples_per_s": sps or 32 * ranks / t,
+            "data_wait_frac": 0.1, "allreduce_calls_per_step": 1, "bucket_mb": 25.0, "overlap": True, "threads": 1}
+
+
+def runs_from(times, n=2, jitter=(0.0, 0.0002), compute_n=None):
+    """times: {(config, k): seconds}; two repeats with a little jitter."""
+    return {(c, k): [summary(t + j, k, compute_n if (k == n and compute_n) else None) for j in jitter]
+            for (c, k), t in times.items()}
+
+
+def by_name(res):
+    return {c["name"]: c for c in res["causes"]}
+
+
+def test_causes_telescope_to_the_scaling_loss():
+    t = {("base", 1): 0.010, ("no_data", 1): 0.008, ("no_comm", 1): 0.0075, ("sleep", 1): 0.003,
+         ("base", 2): 0.030, ("no_data", 2): 0.020, ("no_comm", 2): 0.012, ("sleep", 2): 0.004}
+    res = analyse(runs_from(t), 2, CTX)
+    c = by_name(res)
+    assert res["scaling_loss_s"] == pytest.approx(0.020, abs=3e-4)
+    assert c["input"]["seconds_per_step"] == pytest.approx(0.008, abs=3e-4)
+    assert c["communication"]["seconds_per_step"] == pytest.approx(0.0075, abs=3e-4)
+    assert c["framework_overhead"]["seconds_per_step"] == pytest.approx(0.001, abs=3e-4)
+    total = sum(c[k]["seconds_per_step"] for k in ("input", "communication", "framework_overhead",
+                                                      "compute_interference", "straggler"))
+    assert total == pytest.approx(res["scaling_loss_s"], abs=1e-9)
+    assert [x["name"] for x in res["causes"][:2]] == ["input", "communication"]
+    assert all(x["significant"] for x in res["causes"][:2])
+
+
+def test_cause_inside_noise_is_not_significant_and_not_ranked():
+    t = {("base", 1): 0.010, ("no_data", 1): 0.009, ("no_comm", 1): 0.009,
+         ("base", 2): 0.0201, ("no_data", 2): 0.019, ("no_comm", 2): 0.009}
+    res = analyse(runs_from(t, jitter=(0.0, 0.004)), 2, CTX)  # 4 ms run-to-run noise
+    c = by_name(res)
+    assert c["communication"]["significant"] and c["communication"]["share"] > 0.9
+    assert not c["input"]["significant"]  # 0.1 ms against 4 ms of noise
+    assert res["causes"][0]["name"] == "communication"
+
+
+def test_straggler_named_by_rank():
+    t = {("base", 1): 0.010, ("no_data", 1): 0.010, ("no_comm", 1): 0.010,
+         ("base", 2): 0.030, ("no_data", 2): 0.030, ("no_comm", 2): 0.030}
+    res = analyse(runs_from(t, compute_n=[0.005, 0.005, 0.025, 0.0052], n=2), 2, CTX)
+    s = by_name(res)["straggler"]
+    assert s["rank"] == 2 and s["seconds_per_step"] == pytest.approx(0.02, abs=1e-4)
+    assert res["causes"][0]["name"] == "straggler"
+
+
+def test_slow_operator_beyond_general_slowdown():
+    one = {"device": "cpu", "ops": [{"name": "aten::addmm", "self_s_per_step": 0.002},
+                                    {"name": "aten::relu", "self_s_per_step": 0.001},
+                                    {"name": "aten::sort", "self_s_per_step": 0.0001},
+                                    {"name": "gloo:all_reduce", "self_s_per_step": 0.0}]}
+    many = {"device": "cpu", "ops": [{"name": "aten::addmm", "self_s_per_step": 0.003},
+                                     {"name": "aten::relu", "self_s_per_step": 0.0015},
+                                     {"name": "aten::sort", "self_s_per_step": 0.0101},
+                                     {"name": "gloo:all_reduce", "self_s_per_step": 0.02}]}
+    rows, ratio, _ = op_excess(one, many)
+    assert ratio == pytest.approx(1.5)
+    assert rows[0]["op"] == "aten::sort" and rows[0]["excess_s"] == pytest.approx(0.0101 - 1.5 * 0.0001, abs=1e-9)
+    assert all("gloo" not in r["op"] for r in rows)  # communication is not an operator's slowness

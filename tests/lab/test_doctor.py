@@ -1,0 +1,83 @@
+"""The doctor on planted faults: each is named first with a share above the noise; a clean job gets no
+false cause. Slow by nature (each doctor runs a dozen short jobs); small models, few steps, 2 repeats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clitools import read_json, run_cli
+
+HERE = Path(__file__).parent
+ENV = {"PYTHONPATH": f"{HERE}:{Path(__file__).parents[2] / 'src'}"}
+JOB = ["--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", "--data.train_size", "512",
+       "--data.eval_size", "16", "--job.threads", "1", "--steps", "30", "--log.skip_first", "3"]
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+def doctor(tmp_path, *args, timeout=840):
+    out = tmp_path / "doc"
+    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--out", str(out), *JOB, *args], timeout=timeout,
+                env=ENV)
+    assert r.rc == 0, r.text
+    for name in ("doctor.json", "doctor.md", "doctor.html", "causes.png", "experiments.png"):
+        assert (out / name).is_file(), name
+    return read_json(out / "doctor.json"), r
+
+
+def first(doc):
+    top = doc["causes"][0]
+    assert top["significant"] and top["seconds_per_step"] > top["noise_s"], doc["causes"]
+    return top
+
+
+@pytest.mark.timeout(900)
+def test_slow_input_pipeline_is_named_first(tmp_path):
+    doc, r = doctor(tmp_path, "--quick", "--data.sample_delay_ms", "1.5", "--batch-size", "16")
+    top = first(doc)
+    assert top["name"] == "input", doc["causes"]
+    assert top["share"] > 0.5 and "data.sample_delay_ms" in top["suggestion"]
+
+
+@pytest.mark.timeout(900)
+def test_tiny_buckets_are_named_and_apply_measures_the_gain(tmp_path):
+    doc, r = doctor(tmp_path, "--quick", "--apply", "--strategy.bucket_mb", "0", "--model.depth", "16",
+                    "--model.width", "64")
+    top = first(doc)
+    assert top["name"] == "communication", doc["causes"]
+    assert top["apply_flags"] == {"strategy.bucket_mb": "25"}
+    a = doc["apply"]
+    assert a["cause"] == "communication" and a["step_time_after_s"] < a["step_time_before_s"]
+    assert "applied: --strategy.bucket_mb 25" in r.out
+
+
+@pytest.mark.timeout(900)
+def test_straggler_is_named_by_rank(tmp_path):
+    doc, r = doctor(tmp_path, "--quick", "--job.slow_rank", "1", "--job.slow_factor", "5", "--model.width", "256",
+                    "--batch-size", "64")
+    top = first(doc)
+    assert top["name"] == "straggler" and top["rank"] == 1, doc["causes"]
+    assert "straggler (rank 1)" in r.out
+
+
+@pytest.mark.timeout(900)
+def test_operator_slow_only_on_several_processes_is_named(tmp_path):
+    doc, r = doctor(tmp_path, "--model.name", "planted_models:slow_op_mlp")
+    top = first(doc)
+    assert top["name"] == "slow_operator", doc["causes"]
+    assert top["operator"] == "aten::sort"
+    names = {c["name"] for c in doc["causes"]}
+    assert {"framework_overhead", "threads", "slow_operator"} <= names  # the second-level experiments ran
+
+
+@pytest.mark.timeout(900)
+def test_clean_job_reports_no_false_cause(tmp_path):
+    doc, r = doctor(tmp_path, "--quick")
+    planted_kinds = {"input", "straggler", "slow_operator"}
+    false = [c for c in doc["causes"] if c["name"] in planted_kinds and c["significant"]]
+    assert not false, doc["causes"]
+    for c in doc["causes"]:
+        if c["significant"]:
+            assert c["seconds_per_step"] > c["noise_s"]
