@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import FAST, run_cli
+from clitools import FAST, run_cli
 from trainscale.config import DataConfig
 from trainscale.data import DeviceNormalize, ShardedSampler, build_datasets
 from trainscale.models import build_model

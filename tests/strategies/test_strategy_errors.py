@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_cli
+from clitools import run_cli
 from trainscale.config import ConfigError, load_config
 from trainscale.strategies import check_strategy
 
