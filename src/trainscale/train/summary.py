@@ -44,7 +44,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for key in ("model", "world_size", "backend", "global_batch", "steps", "samples_per_s", "step_time_s",
                 "step_time_spread", "data_wait_frac", "data_samples_per_s", "loss_first", "loss_last", "eval_loss", "eval_accuracy",
-                "allreduce_calls_per_step", "bucket_mb", "overlap", "amp", "wall_s"):
+                "allreduce_calls_per_step", "bucket_mb", "comm_bytes_per_step", "comm_wait_s", "optim_state_bytes",
+                "overlap", "amp", "wall_s"):
         if key in summary:
             table.add_row(key, _fmt(summary[key]))
     Console(file=sys.stdout).print(table)
