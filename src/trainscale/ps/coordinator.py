@@ -61,21 +61,34 @@ class Coordinator:
                 wait_s = cfg.timeout_s if deadline is None else max(0.01, min(cfg.timeout_s, deadline - rec.now()))
                 ready, _ = ray.wait([*self.pending, *self.setups], num_returns=1, timeout=wait_s)
                 if not ready:
-                    if deadline is not None and rec.now() >= deadline:
-                        break
-                    raise PsError(f"no gradient arrived within ps.timeout_s = {cfg.timeout_s:g} s "
-                                  f"({len(self.pending)} mini-batches in flight, {len(self.setups)} learners restarting)")
+                    if wait_s < cfg.timeout_s:  # a short wait up to the --time deadline, not a stall
+                        continue
+                    raise PsError(f"no gradient arrived within ps.timeout_s = {cfg.timeout_s:g} s after update "
+                                  f"{rec.updates} ({len(self.pending)} mini-batches in flight on learners "
+                                  f"{sorted(v[1] for v in self.pending.values())}, {len(self.setups)} restarting)")
                 for ref in ready:
                     if ref in self.setups:
                         self._rejoined(ref)
                     else:
                         self._arrived(ref)
         finally:
-            for ref in list(self.pending):  # leave no mini-batch running behind the run
-                ray.cancel(ref)
-            self.pending.clear()
+            self._drain()
         rec.wall_s = rec.now()
         return rec
+
+    def _drain(self) -> None:
+        """Leave no mini-batch running behind the run: let the last ones finish, cancel what is left.
+
+        Cancelling a task that Ray is still resolving arguments for can block the tasks queued behind it
+        on the same actor (ray-project/ray#60850), which would hang the next run on these actors; the
+        mini-batches of the last launch are exactly such tasks, so they are waited for (bounded) instead.
+        """
+        if self.pending:
+            _, rest = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=self.cfg.timeout_s,
+                               fetch_local=False)
+            for ref in rest:
+                ray.cancel(ref)
+        self.pending.clear()
 
     def _done(self, deadline: float | None) -> bool:
         if self.stop_requested:

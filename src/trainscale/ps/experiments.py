@@ -13,8 +13,8 @@ actors serve all the runs of an experiment.
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,20 @@ def main(argv: list[str]) -> int:
         ps_values = [int(x) for x in args.learners.split(",")] if args.learners else None
     except ValueError:
         raise ConfigError("--learners", args.learners, "comma-separated integers, e.g. 2,4,8") from None
+    from .record import PsError
+    from .session import ray_session
+
+    try:
+        result = _run(args, out, rest, ps_values)
+    except PsError as e:
+        print(f"trainscale ps experiment: {e}", file=sys.stderr)
+        return 1
+    print(result["markdown"])
+    print(f"report: {out / (args.kind + '.md')}")
+    return 0
+
+
+def _run(args: argparse.Namespace, out: Path, rest: list[str], ps_values: list[int] | None) -> dict[str, Any]:
     from .session import ray_session
 
     with ray_session(args.ray_address):
@@ -65,9 +79,7 @@ def main(argv: list[str]) -> int:
                                         args.seconds or 25.0, args.min_updates, args.max_updates)
         else:
             result = convergence_experiment(out, rest, (ps_values or [4])[0], args.mean or 0.02, args.seconds or 20.0)
-    print(result["markdown"])
-    print(f"report: {out / (args.kind + '.md')}")
-    return 0
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ runtime
