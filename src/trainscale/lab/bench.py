@@ -95,7 +95,7 @@ def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str
 
 def _table(points: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("procs", "samples/s", "speed-up", "effic.", "comm ms", "data wait", "step ms", "spread"):
+    for col in ("procs", "samples/s", "speed-up", "efficiency", "comm ms", "data wait", "step ms", "spread"):
         t.add_column(col, justify="right")
     for p in points:
         t.add_row(str(p["world_size"]), f"{p['samples_per_s']:,.0f}", f"{p['speedup']:.2f}x",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ from ..config import Config, ConfigError
 
 __all__ = ["parse_nproc_list", "check_train_args", "write_json", "console", "err_console", "fmt"]
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (CI logs, subprocess capture) gets 120 columns instead of rich's 80, so tables do not wrap.
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 _RESERVED = ("--json", "--nproc", "--log.progress", "--print-config")
 
