@@ -1,5 +1,7 @@
 """Shared by the data benchmarks (loader.py, data_wait.py): a generated JPEG folder and the plain DataLoader of common practice."""
 
+# A helper of loader.py and data_wait.py, which print one json object on their last line.
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,7 @@
 """Local SGD (H = 2, 4, 8) against synchronous DDP: training loss against wall-clock, time to a loss target.
 
+Output contract: the last stdout line is one json object.
+
 2 Gloo processes, mlp width 1024 on digits, 32 samples per process, same learning rate for all, no
 warm-up. The loss is rank 0's training loss averaged over each window of --every steps (the trainer's
 log points); time is seconds since the first step. Local SGD's replicas are averaged at the end, so

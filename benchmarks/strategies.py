@@ -1,5 +1,7 @@
 """Data-parallel strategies against plain DDP in the same run: mean step time and bytes sent per step.
 
+Output contract: the last stdout line is one json object.
+
 Same model and global batch for all: mlp width 1024 (4.5 MB of fp32 gradients) on digits, 32 samples
 per process, 1 MB buckets (several buckets, so comm_groups has something to spread). 2 Gloo processes;
 hierarchical runs on 4 (2 emulated nodes x 2) and is compared with plain DDP on 4. Rounds alternate
