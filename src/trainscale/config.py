@@ -262,6 +262,9 @@ class LogConfig(_Section):
         self._at_least("skip_first", 0)
 
 
+PHASES = ("base", "no_data", "no_comm")  # what ablate.phases may cycle through
+
+
 @dataclass
 class AblateConfig(_Section):
     """Controlled experiments for the doctor: remove one part of the step and keep the rest."""
@@ -276,9 +279,28 @@ class AblateConfig(_Section):
     sleep_times: str = _f("", "sleep_times.json of an earlier sleep test: sleep those durations instead of calibrating "
                               "here, so that runs at 1 and N processes sleep alike (seed 000 used one op time)")
 
+    phases: str = _f(
+        "", "paired experiments in one run, e.g. 'base,no_data,no_comm': blocks of ablate.phase_steps steps cycle "
+            "through these (no_data: one batch kept on the device; no_comm: no gradient exchange) and the summary "
+            "gains per-phase timings; all phases share the run's own start-up, placement and drift")
+    phase_steps: int = _f(8, "steps per block of ablate.phases; the first steps of each block, while the input "
+                             "pipeline's buffers refill or drain, are not timed")
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("calibrate_steps", 1)
+        self._at_least("phase_steps", 2)
+        names = self.phase_list()
+        bad = [x for x in names if x not in PHASES]
+        if bad or len(set(names)) != len(names) or (self.phases and len(names) < 2):
+            self._fail("phases", f"two or more distinct names from {', '.join(PHASES)}, comma-separated")
+        if names and (self.comm or self.data or self.compute != "none"):
+            self._fail("phases", "sets comm and data itself, block by block: leave ablate.comm, ablate.data and "
+                                 "ablate.compute at their defaults")
+
+    def phase_list(self) -> list[str]:
+        """The phases in cycle order (empty: no phases)."""
+        return [x.strip() for x in self.phases.split(",") if x.strip()]
 
 
 @dataclass

@@ -164,6 +164,7 @@ def test_startup_warnings_and_wait_advice():
 def test_input_bound_run_warns_on_rank0_only(folder, tmp_path):
     r = run_cli(["train", "--nproc", "2", "--data", "imagefolder", "--data.path", str(folder), "--model.width", "8",
                  "--data.image_size", "32", "--batch-size", "16", "--data.prefetch", "0", "--steps", "8",
+                 "--data.sample_delay_ms", "2",  # a slow disk on top: input-bound on any machine
                  "--json", str(tmp_path / "s.json"), *FAST], timeout=110)
     assert r.rc == 0, r.text
     s = json.loads((tmp_path / "s.json").read_text())

@@ -1,4 +1,5 @@
-"""Run by ``trainscale launch``: train with and without --ablate.comm and print whether ranks' weights agree."""
+"""Run by ``trainscale launch``: train with and without --ablate.comm (argv[1]; further argv: more options) and
+print whether the ranks' weights agree."""
 
 import sys
 
@@ -11,7 +12,7 @@ from trainscale.train.trainer import Trainer
 cfg = load_config(["--model.name", "resnet18", "--model.width", "4", "--data.name", "synthetic",
                    "--data.image_size", "8", "--data.train_size", "256", "--data.eval_size", "16",
                    "--job.steps", "6", "--log.progress", "none", "--log.skip_first", "1", "--job.threads", "1",
-                   "--ablate.comm", sys.argv[1]])
+                   "--ablate.comm", sys.argv[1], *sys.argv[2:]])
 t = Trainer(cfg)
 t.fit()
 flat = torch.cat([p.detach().reshape(-1) for p in t.p.module.parameters()])

@@ -16,11 +16,45 @@ TINY = [*FAST, "--data", "synthetic", "--data.image_size", "8", "--data.channels
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("ablate,equal", [("false", True), ("true", False)])
-def test_ablate_comm_means_no_gradient_exchange(ablate, equal):
-    r = run_cli(["launch", "--nproc-per-node", "2", str(HERE / "ablate_comm_script.py"), ablate], timeout=200)
+@pytest.mark.parametrize("ablate,extra,equal", [
+    ("false", [], True), ("true", [], False),
+    # steps 1-2 base, 3-4 no_comm, 5 base: the no_comm block really drops the exchange, so replicas part
+    ("false", ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "2"], False),
+], ids=["ddp", "ablate-comm", "phases"])
+def test_ablate_comm_means_no_gradient_exchange(ablate, extra, equal):
+    r = run_cli(["launch", "--nproc-per-node", "2", str(HERE / "ablate_comm_script.py"), ablate, *extra],
+                timeout=200)
     assert r.rc == 0, r.text
     assert f"WEIGHTS_EQUAL={equal}" in r.text
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_phases_time_each_ablation_inside_one_run(tmp_path):
+    out = tmp_path / "p.json"
+    r = run_cli(["train", "--nproc", "2", *TINY, "--steps", "25", "--log.skip_first", "1", "--json", str(out),
+                 "--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "4"], timeout=200)
+    assert r.rc == 0, r.text
+    s = read_json(out)
+    ph = s["phases"]
+    assert list(ph) == ["base", "no_data", "no_comm"]
+    # 2 cycles of blocks of 4; the first 2 steps of a block (1 + data.prefetch 2, capped at half) are not timed
+    assert all(p["measured_steps"] == 4 for p in ph.values()), ph
+    assert all(len(p["rank_compute_s"]) == 2 and len(p["rank_step_time_s"]) == 2 for p in ph.values())
+    assert ph["no_data"]["data_wait_frac"] < 0.01 and ph["no_comm"]["data_wait_frac"] < 0.01
+    assert s["measured_steps"] == 24
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,needle", [
+    (["--ablate.phases", "base,warp"], "ablate.phases = 'base,warp': two or more distinct names from base, no_data"),
+    (["--ablate.phases", "base,no_comm", "--ablate.data", "true"], "leave ablate.comm, ablate.data"),
+    (["--ablate.phases", "base,no_comm", "--steps", "10"], "job.steps = 10: too few for ablate.phases"),
+])
+def test_bad_phases_are_one_line(args, needle):
+    r = run_cli(["train", *args], timeout=50)
+    assert r.rc == 2, r.text
+    assert needle in r.err and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
 
 
 @pytest.mark.dist

@@ -72,8 +72,6 @@ def test_operator_slow_only_on_several_processes_is_named(tmp_path):
     assert {"framework_overhead", "threads", "slow_operator"} <= names  # the second-level experiments ran
 
 
-@pytest.mark.xfail(strict=False, reason="known defect (issue 5, open): on a loaded 2-core machine the doctor "
-                   "reported a false 'input' cause on the clean job twice; to be fixed, not hidden")
 @pytest.mark.timeout(900)
 def test_clean_job_reports_no_false_cause(tmp_path):
     doc, r = doctor(tmp_path, "--quick")

@@ -1,8 +1,9 @@
 """``trainscale doctor``: controlled experiments that name why a job does not scale, with shares and evidence.
 
-It runs your job (``trainscale train`` with your options) at 1 and N processes, each time removing one part
-of the step with the trainer's ablation flags, and splits the scaling loss T_N - T_1 (same per-device batch)
-into causes: communication, input, compute_interference, framework_overhead (seed 000's sleep test),
+It runs your job (``trainscale train`` with your options) at 1 and N processes. Each run cycles through
+blocks of steps that remove one more part of the step (``--ablate.phases base,no_data,no_comm``), so the
+phases are paired measurements under the run's own conditions; it splits the scaling loss T_N - T_1 (same
+per-device batch) into causes: communication, input, compute_interference, framework_overhead (seed 000's sleep test),
 slow_operator (per-operator profiles at 1 and N), straggler (per-rank compute times) and threads.
 A cause is significant only when it exceeds its measured noise. ``--apply`` re-runs with the top suggestion.
 
@@ -49,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="first-level experiments only (input, communication, compute, stragglers): no sleep test, "
                         "profiles or thread trials")
-    p.add_argument("--min-share", type=float, default=0.05, help="smallest share of the loss worth reporting")
+    p.add_argument("--min-share", type=float, default=0.05, help="smallest share of the loss worth reporting (default 0.05)")
+    p.add_argument("--cycles", type=int, default=4,
+                   help="times each run cycles through its phases (default 4); the doctor sets job.steps from this")
+    p.add_argument("--phase-steps", type=int, default=8, help="steps per phase block (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take before it is ended")
     return p
 
@@ -62,21 +66,20 @@ class _Lab:
         self.log: list[dict[str, Any]] = []
 
     def run(self, name: str, k: int, extra: list[str], r: int) -> dict[str, Any]:
+        """One run; a run with phases is logged and returned as one summary per phase."""
         self.bar.update(self.task, description=f"{name} at {k} process(es), run {r + 1}")
         spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
                        f"experiment {name} at {k} process(es)")
         s = run_train(spec, self.timeout)
-        self.log.append({"experiment": name, "nproc": k, "repeat": r, "step_time_s": s["step_time_s"],
-                         "job_step_time_s": job_step_time(s), "samples_per_s": s["samples_per_s"],
-                         "rank_compute_s": s.get("rank_compute_s"), "rank_step_time_s": s.get("rank_step_time_s"),
-                         "data_wait_frac": s.get("data_wait_frac"), "threads": s.get("threads"),
-                         "command": s["command"]})
+        parts = {ph: {**s, **v} for ph, v in s["phases"].items()} if s.get("phases") else {name: s}
+        for ph, p in parts.items():
+            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r, "step_time_s": p["step_time_s"],
+                             "job_step_time_s": job_step_time(p), "samples_per_s": p["samples_per_s"],
+                             "rank_compute_s": p.get("rank_compute_s"), "rank_step_time_s": p.get("rank_step_time_s"),
+                             "data_wait_frac": p.get("data_wait_frac"), "threads": p.get("threads"),
+                             "command": s["command"]})
         self.bar.advance(self.task)
-        return s
-
-
-def _plan_size(n_configs: int, repeat: int) -> int:
-    return n_configs * 2 * repeat
+        return parts if s.get("phases") else s
 
 
 def _cores() -> int:
@@ -157,21 +160,23 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                ("p", "Each experiment is a plain trainscale train command (listed below). Differences between them "
                      "telescope: input + communication + compute + framework = T_N - T_1. A cause is significant "
                      "only when its value exceeds its noise (range over repeats, or twice the standard error of the "
-                     "medians it is computed from) and is at least the minimum share of the loss."),
+                     "medians it is computed from) and is at least the minimum share of the loss (of the N-process "
+                     "step time when the loss itself is within noise)."),
                ("h2", "Runs"), ("pre", "\n".join(r["command"] for r in doc["runs"]))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
 
 
-def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int) -> dict[str, Any] | None:
+def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int, phased: list[str]) -> dict[str, Any] | None:
     top = next((c for c in res["causes"] if c["significant"] and c["apply_flags"]), None)
     if top is None:
         return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
     flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
     base = lambda k: [r for r in lab.log if r["experiment"] == "base" and r["nproc"] == k]  # noqa: E731
-    after = [lab.run("applied", n, flags, r) for r in range(repeat)]
+    # Measured as before (the base phase of phased runs), so before and after are alike.
+    after = [lab.run("applied", n, [*phased, *flags], r)["base"] for r in range(repeat)]
     # A change of batch changes the 1-process reference too: measure it, so efficiency stays like for like.
-    one_after = [lab.run("applied", 1, flags, r) for r in range(repeat)] if "data.batch_size" in top["apply_flags"] \
-        else None
+    one_after = [lab.run("applied", 1, [*phased, *flags], r)["base"] for r in range(repeat)] \
+        if "data.batch_size" in top["apply_flags"] else None
     sps1 = median(r["samples_per_s"] for r in base(1))
     sps1_after = median(s["samples_per_s"] for s in one_after) if one_after else sps1
     sps_b, sps_a = median(r["samples_per_s"] for r in base(n)), median(s["samples_per_s"] for s in after)
@@ -196,6 +201,10 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2")
     if args.repeat < 2:
         raise ConfigError("--repeat", args.repeat, "must be >= 2: the noise is measured across repeats")
+    if args.cycles < 1:
+        raise ConfigError("--cycles", args.cycles, "must be >= 1")
+    if args.phase_steps < 2:
+        raise ConfigError("--phase-steps", args.phase_steps, "must be >= 2 (the first step of a block is not timed)")
     cfg = check_train_args(rest)
     n, R = args.nproc, args.repeat
     out = Path(args.out)
@@ -205,18 +214,21 @@ def main(argv: list[str]) -> int:
                            "machine": _machine(), "config": {"nproc": n, "repeat": R, "train_args": rest,
                                                              "train": config_to_dict(cfg)}}
     first = ("base", "no_data", "no_comm")
+    steps = cfg.log.skip_first + args.cycles * len(first) * args.phase_steps
+    phased = ["--ablate.phases", ",".join(first), "--ablate.phase_steps", str(args.phase_steps),
+              "--steps", str(steps)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     profiles = threads = None
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
-        task = bar.add_task("", total=_plan_size(len(first), R))
+        task = bar.add_task("", total=2 * R)
         lab = _Lab(out, rest, args.timeout, bar, task)
         try:
-            # Interleaved (repeat, experiment, size) so that a drift of the machine hits every experiment alike.
+            # Alternating sizes, so that a drift of the machine hits both alike; the phases inside a run are paired.
             for r in range(R):
-                for name in first:
-                    for k in (1, n):
-                        runs.setdefault((name, k), []).append(lab.run(name, k, CONFIGS[name], r))
+                for k in (1, n):
+                    for name, part in lab.run("phases", k, phased, r).items():
+                        runs.setdefault((name, k), []).append(part)
             res = analyse(runs, n, ctx, args.min_share)
             compute_side = next(c for c in res["causes"] if c["name"] == "compute_interference")
             straggler = next(c for c in res["causes"] if c["name"] == "straggler")
@@ -243,7 +255,7 @@ def main(argv: list[str]) -> int:
             doc["result"] = True
             if args.apply:
                 bar.update(task, total=bar.tasks[0].total + R)
-                doc["apply"] = _apply(lab, res, n, R)
+                doc["apply"] = _apply(lab, res, n, R, phased)
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log

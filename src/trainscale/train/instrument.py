@@ -79,13 +79,12 @@ class ComputeClock:
             self.times.append(self.spent)
         self.spent = 0.0
 
-    def median(self) -> float:
-        """Median compute seconds over the measured steps (CUDA events are read here, after a sync)."""
-        values = self.times
-        if self.cuda:
-            torch.cuda.synchronize()
-            values = [sum(s.elapsed_time(e) for s, e in evs) / 1000.0 for evs in self.times]
-        return statistics.median(values) if values else float("nan")
+    def values(self) -> list[float]:
+        """Compute seconds of each measured step (CUDA events are read here, after a sync)."""
+        if not self.cuda:
+            return list(self.times)
+        torch.cuda.synchronize()
+        return [sum(s.elapsed_time(e) for s, e in evs) / 1000.0 for evs in self.times]
 
 
 def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from ..strategies.report import strategy_summary
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from .evaluate import evaluate
 from .instrument import ComputeClock, SleepCompute
+from .phases import PHASE_FLAGS, PhasePlan, local_phase_stats, merge_phase_stats
 from .profile import OpProfiler
 from .progress import ProgressView
 from .schedule import lr_at
@@ -144,20 +146,23 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
 
-    def _train_step(self) -> tuple[torch.Tensor, float, int]:
-        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, data wait s, all-reduce calls)."""
+    def _train_step(self, no_comm: bool, no_data: bool) -> tuple[torch.Tensor, float, int]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, data wait s, all-reduce calls).
+
+        ``no_comm`` / ``no_data`` are this step's ablations (``ablate.comm`` / ``ablate.data``, or its phase).
+        """
         cfg, p = self.cfg, self.p
-        s, ab = cfg.strategy, cfg.ablate
+        s = cfg.strategy
         for group in self.opt.param_groups:
             group["lr"] = lr_at(self.step, cfg.optim, self.global_batch, cfg.job.steps)
         wait, loss_sum = 0.0, None
         calibrating = self.sleep_test is not None and not self.sleep_test.installed
         # Without communication (or while the sleep test times modules) DDP's forward is bypassed too:
         # no gradient hooks fire and no buffers are broadcast.
-        net = p.module if ab.comm or calibrating else p.model
+        net = p.module if no_comm or calibrating else p.model
         for micro in range(s.grad_accum):
             t0 = time.perf_counter()
-            if ab.data:
+            if no_data:
                 if self._fixed_batch is None:
                     self._fixed_batch = next(self.loader)
                 x, y = self._fixed_batch
@@ -165,7 +170,7 @@ class Trainer:
                 x, y = next(self.loader)
             wait += time.perf_counter() - t0
             # DDP exchanges gradients in backward only on the last micro-step, and only with overlap on.
-            sync = micro == s.grad_accum - 1 and s.overlap and not ab.comm
+            sync = micro == s.grad_accum - 1 and s.overlap and not no_comm
             self.clock.start()
             with (contextlib.nullcontext() if sync else p.model.no_sync()):
                 with p.autocast():
@@ -179,13 +184,13 @@ class Trainer:
                 p.meter.backward_done()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         calls = 0
-        if p.post_backward and not ab.comm:
+        if p.post_backward and not no_comm:
             t0 = time.perf_counter()
             calls = allreduce_after_backward(p.post_backward, self.env.world_size)
             p.meter.exposed(time.perf_counter() - t0)
         p.scaler.step(self.opt)
         p.scaler.update()
-        if p.post_step is not None and not ab.comm:
+        if p.post_step is not None and not no_comm:
             p.post_step()  # local SGD's model averaging: needs the grads (it averages only trained parameters)
         self.opt.zero_grad(set_to_none=True)
         p.meter.end_step()
@@ -202,6 +207,8 @@ class Trainer:
         start_step = self.step
         view = ProgressView(cfg.job.steps, cfg.log.progress, env.is_main, start=start_step)
         step_times, waits, calls = [], [], 0
+        plan = PhasePlan.from_config(cfg)
+        marks: list[str | None] = []  # per measured step: its phase when timed (ablate.phases), else None
         loss_first = loss_last = None
         window_loss = torch.zeros((), device=env.device)
         window_n, window_t0 = 0, time.perf_counter()
@@ -213,7 +220,10 @@ class Trainer:
             while self.step < cfg.job.steps:
                 if self.profiler and self.step - start_step == warm:
                     self.profiler.start()
-                loss, wait, post_calls = self._train_step()
+                i = self.step - start_step - warm  # index among the measured steps (< 0 in warm-up)
+                phase, timed = plan.at(i) if plan and i >= 0 else (None, False)
+                no_comm, no_data = PHASE_FLAGS[phase] if phase else (cfg.ablate.comm, cfg.ablate.data)
+                loss, wait, post_calls = self._train_step(no_comm, no_data)
                 self.step += 1
                 if self.p.tuner is not None and self.p.tuner.active:
                     self.p.tuner.after_step()  # bucket_mb auto: may re-wrap the model in a new DDP
@@ -223,6 +233,7 @@ class Trainer:
                 if measured:
                     step_times.append(now - t_prev)
                     waits.append(wait)
+                    marks.append(phase if timed else None)
                     if self.profiler:
                         self.profiler.step_done()
                 if self.sleep_test and not self.sleep_test.installed:
@@ -272,8 +283,8 @@ class Trainer:
         eval_loss, eval_acc, eval_n = self._evaluate(None)
         if cfg.checkpoint.dir:
             self._checkpoint(final=True)
-        summary = self._summary(step_times, waits, calls, loss_first, loss_last, eval_loss, eval_acc, eval_n,
-                                time.perf_counter() - t_start)
+        summary = self._summary(step_times, waits, marks if plan else None, calls, loss_first, loss_last, eval_loss,
+                                eval_acc, eval_n, time.perf_counter() - t_start)
         summary.update(artefacts)
         if env.is_main:
             if self.json_path:
@@ -320,8 +331,9 @@ class Trainer:
                 q.unlink(missing_ok=True)
             logger.debug(f"checkpoint written: {path}")
 
-    def _summary(self, step_times: list[float], waits: list[float], calls: int, loss_first: Any, loss_last: Any,
-                 eval_loss: float, eval_acc: float, eval_n: int, wall: float) -> dict[str, Any]:
+    def _summary(self, step_times: list[float], waits: list[float], marks: list[str | None] | None, calls: int,
+                 loss_first: Any, loss_last: Any, eval_loss: float, eval_acc: float, eval_n: int,
+                 wall: float) -> dict[str, Any]:
         cfg, env = self.cfg, self.env
         losses = torch.stack([loss_first, loss_last]).float() if loss_first is not None else \
             torch.full((2,), float("nan"), device=env.device)
@@ -330,7 +342,9 @@ class Trainer:
         med, spread = median_spread(step_times)
         total_t = sum(step_times)
         # Per-rank medians: all-reduce equalises step times, compute times show who is slow.
-        mine = (self.clock.median(), med, median_spread(waits)[0])
+        compute = self.clock.values()
+        phases = local_phase_stats(marks, step_times, waits, compute) if marks is not None else {}
+        mine = (statistics.median(compute) if compute else float("nan"), med, median_spread(waits)[0], phases)
         per_rank: list[Any] = [None] * env.world_size
         dist.all_gather_object(per_rank, mine)
         # The slowest rank's input pipeline bounds the job: its rate x world size; skipped images summed.
@@ -357,6 +371,7 @@ class Trainer:
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
             "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data, "compute": cfg.ablate.compute},
+            "phases": merge_phase_stats([r[3] for r in per_rank], self.global_batch) if marks is not None else None,
             "rank_compute_s": [r[0] for r in per_rank], "rank_step_time_s": [r[1] for r in per_rank],
             "rank_data_wait_s": [r[2] for r in per_rank],
             "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,

@@ -1,0 +1,73 @@
+"""Paired ablations inside one run (``ablate.phases``): which ablation each step runs, and per-phase timings.
+
+Separate runs of the same job differ by more than their ablation: start-up, where the scheduler puts the
+ranks, how fast the collectives happen to be that minute (on a shared 2-core VM, two runs of the same job
+can differ by 2x). Cycling short blocks of phases inside one run makes every phase see the same conditions,
+so their differences are paired measurements, and one run replaces one run per phase.
+
+The phases are cumulative, like the doctor's separate experiments: ``no_data`` keeps one batch on the device,
+``no_comm`` also drops the gradient exchange.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Config
+from .summary import median_spread
+
+__all__ = ["PhasePlan", "PHASE_FLAGS", "local_phase_stats", "merge_phase_stats"]
+
+# phase -> (no_comm, no_data)
+PHASE_FLAGS: dict[str, tuple[bool, bool]] = {"base": (False, False), "no_data": (False, True),
+                                             "no_comm": (True, True)}
+
+
+@dataclass
+class PhasePlan:
+    """Blocks of ``block`` steps cycling through ``names``; the first ``settle`` steps of a block are not timed."""
+
+    names: list[str]
+    block: int
+    settle: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "PhasePlan | None":
+        names = cfg.ablate.phase_list()
+        if not names:
+            return None
+        # After a switch the pipeline's buffered batches (prefetch queue, workers' queues) make the first base
+        # steps free, and refilling them slows the first no_data steps: those steps are not timed.
+        buffered = 1 + cfg.data.prefetch + 2 * cfg.data.workers
+        return cls(names, cfg.ablate.phase_steps, min(buffered, cfg.ablate.phase_steps // 2))
+
+    def at(self, i: int) -> tuple[str, bool]:
+        """(phase, timed) of the i-th step after warm-up."""
+        return self.names[(i // self.block) % len(self.names)], i % self.block >= self.settle
+
+
+def local_phase_stats(marks: list[str | None], step_times: list[float], waits: list[float],
+                      compute: list[float]) -> dict[str, tuple[float, float, float, int, float, float]]:
+    """This rank's (compute median, step median, step spread, steps, step seconds, wait seconds) per phase."""
+    out = {}
+    for name in dict.fromkeys(m for m in marks if m):
+        idx = [i for i, m in enumerate(marks) if m == name]
+        steps = [step_times[i] for i in idx]
+        med, spread = median_spread(steps)
+        comp = [compute[i] for i in idx if i < len(compute)]
+        out[name] = (statistics.median(comp) if comp else float("nan"), med, spread, len(idx), sum(steps),
+                     sum(waits[i] for i in idx))
+    return out
+
+
+def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int) -> dict[str, dict[str, Any]]:
+    """Per-phase fields shaped like the run summary's own (rank 0's median and spread, per-rank lists)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (_, med, spread, n, total, wait) in per_rank[0].items():
+        out[name] = {"step_time_s": med, "step_time_spread": spread, "measured_steps": n,
+                     "samples_per_s": n * global_batch / total if total else float("nan"),
+                     "data_wait_frac": wait / total if total else float("nan"),
+                     "rank_compute_s": [r[name][0] for r in per_rank], "rank_step_time_s": [r[name][1] for r in per_rank]}
+    return out
