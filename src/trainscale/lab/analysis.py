@@ -17,9 +17,10 @@ part of it that appears only with data or communication on is taken out of those
 
 The configurations are the phases of one run (``ablate.phases``), so each difference is paired. Job time of
 a phase is its slowest rank's median step time (ranks without communication are decoupled).
-Every term is computed per repeat; its value is the median, its noise the range over repeats or twice the
-standard error of the medians it is made of, whichever is larger. A cause is significant when it exceeds its
-own noise and is at least ``min_share`` of the loss (of the N-process step time when the loss is within noise).
+Every term is computed per repeat; its value is the median over repeats; its noise is twice the standard error
+of the medians it is made of (from each phase's own step-to-step spread), the largest over repeats. A cause is
+significant when every repeat exceeds its noise (``low_s`` > 0) and it is at least ``min_share`` of the loss
+(of the N-process step time when the loss itself is not significant).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import math
 import statistics
 from typing import Any
 
-from .stats import job_step_time, max_rank_gap, median, median_se
+from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
 
 __all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS"]
 
@@ -55,19 +56,24 @@ def _t(runs: Runs, cfg: str, k: int) -> list[float]:
     return [job_step_time(s) for s in runs.get((cfg, k), [])]
 
 
-def _se(runs: Runs, cfg: str, k: int) -> float:
-    vals = [median_se(s) for s in runs.get((cfg, k), [])]
-    return median(vals) if vals else 0.0
+def _se(runs: Runs, cfg: str, k: int, R: int) -> list[float]:
+    """Per repeat: the standard error of that run's median step time in ``cfg`` at ``k`` processes."""
+    vals = [median_se(s) for s in runs.get((cfg, k), [])][:R]
+    return vals + [0.0] * (R - len(vals))
 
 
-def _term(per_repeat: list[float], ses: list[float]) -> tuple[float, float]:
-    """(median over repeats, noise)."""
-    vals = [v for v in per_repeat if math.isfinite(v)]
-    if not vals:
-        return float("nan"), float("nan")
-    rng = max(vals) - min(vals) if len(vals) > 1 else 0.0
-    within = 2.0 * math.sqrt(sum(s * s for s in ses))
-    return statistics.median(vals), max(rng, within)
+def _term(per_repeat: list[float], sources: list[list[float]]) -> tuple[float, float, float]:
+    """(median over repeats, noise, lower bound) of a term measured once per repeat.
+
+    ``sources``: per-repeat standard errors of the medians the term is made of. Each repeat's value has the
+    noise 2 x their root-sum-square; the term's noise is the largest of those, and its lower bound is the
+    smallest of value - noise over the repeats: above zero only when every repeat shows the term.
+    """
+    pairs = [(v, 2.0 * math.sqrt(sum(src[i] ** 2 for src in sources if i < len(src))))
+             for i, v in enumerate(per_repeat) if math.isfinite(v)]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan")
+    return (statistics.median(v for v, _ in pairs), max(e for _, e in pairs), min(v - e for v, e in pairs))
 
 
 def op_excess(prof1: dict[str, Any], profn: dict[str, Any]) -> tuple[list[dict[str, Any]], float, float]:
@@ -99,10 +105,10 @@ def op_excess(prof1: dict[str, Any], profn: dict[str, Any]) -> tuple[list[dict[s
     return rows, ratio, 3.0 * 1.4826 * mad
 
 
-def _cause(name: str, per_repeat: list[float], ses: list[float], loss: float, evidence: str,
+def _cause(name: str, per_repeat: list[float], sources: list[list[float]], loss: float, evidence: str,
            suggestion: str = "", flags: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
-    value, noise = _term(per_repeat, ses)
-    return {"name": name, "seconds_per_step": value, "noise_s": noise,
+    value, noise, low = _term(per_repeat, sources)
+    return {"name": name, "seconds_per_step": value, "noise_s": noise, "low_s": low,
             "share": value / loss if loss > 0 and math.isfinite(value) else float("nan"),
             "per_repeat_s": per_repeat, "evidence": evidence, "suggestion": suggestion,
             "apply_flags": flags or {}, **extra}
@@ -120,9 +126,9 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     R = min(len(runs.get((c, k), [])) for c in ("base", "no_data", "no_comm") for k in (1, n))
     pick = lambda c, k: _t(runs, c, k)[:R]  # noqa: E731
     b1, bn, d1, dn, c1, cn = (pick(c, k) for c in ("base", "no_data", "no_comm") for k in (1, n))
-    se = {(c, k): _se(runs, c, k) for c in CONFIGS for k in (1, n)}
+    se = {(c, k): _se(runs, c, k, R) for c in CONFIGS for k in (1, n)}
     loss_r = [x - y for x, y in zip(bn, b1)]
-    loss, loss_noise = _term(loss_r, [se["base", 1], se["base", n]])
+    loss, loss_noise, loss_low = _term(loss_r, [se["base", 1], se["base", n]])
     t1, tn = median(b1), median(bn)
     causes: list[dict[str, Any]] = []
     # Straggler: the slowest rank's extra forward+backward, which every other rank waits for. It is measured in
@@ -136,7 +142,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) - (g["no_data"][i] - g["no_comm"][i]) for i in range(R)]
     cside_r = [cn[i] - c1[i] for i in range(R)]
     base_n = runs[("base", n)][0]
-    ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step")}
+    ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step"), "bytes": base_n.get("comm_bytes_per_step")}
     causes.append(_cause(
         "input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], loss,
         f"data wait {median(s.get('data_wait_frac') for s in runs[('base', n)]):.0%} of the step at {n} processes vs "
@@ -152,7 +158,8 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     strag_r = g["base"]  # = its compute-side part g[no_comm] + what was moved out of input and communication
     rank_c = [median(s["rank_compute_s"][i] for s in runs[("base", n)][:R])
               for i in range(len(base_n.get("rank_compute_s") or []))]
-    strag = _cause("straggler", strag_r, [], loss,
+    strag_se = [rank_gap_se(s, w) for s, (_, w) in zip(runs[("base", n)][:R], gap["base"])]
+    strag = _cause("straggler", strag_r, [strag_se], loss,
                    f"rank {worst} computes {_ms(median(strag_r))} ms/step longer than the median of the others, "
                    f"who wait for it (per-rank forward+backward: {', '.join(f'{c * 1e3:.2f} ms' for c in rank_c)}; "
                    f"{_ms(median(g['no_comm']))} ms without data and communication)",
@@ -174,7 +181,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         top = rows[0] if rows else None
         cap = max(0.0, median(compute_r))
         excess = min(max(0.0, top["excess_s"]), cap) if top else 0.0
-        slow = _cause("slow_operator", [excess] * max(1, R), [op_noise / 2], loss,
+        slow = _cause("slow_operator", [excess] * max(1, R), [[op_noise / 2] * max(1, R)], loss,
                       (f"{top['op']}: {top['s_per_step_1'] * 1e3:.3f} ms/step at 1 vs {top['s_per_step_n'] * 1e3:.3f} "
                        f"ms at {n}, {excess * 1e3:.3f} ms beyond the general x{ratio:.2f} slow-down of all "
                        "operators (rank 0 profiles)") if top else "no operator data",
@@ -196,16 +203,17 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
                            key=lambda x: x[1])
         gain_r = [bn[i] - job_step_time(s) for i, s in enumerate(threads[best_t][:R])]
         causes.append(_cause(
-            "threads", gain_r, [se["base", n], median(median_se(s) for s in threads[best_t])], loss,
+            "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
             f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
-    real_loss = math.isfinite(loss) and loss > loss_noise
-    # Each cause is judged against its own noise. The total loss is only the yardstick for "worth reporting":
-    # a noisy total (one unlucky base run) must not hide a cause that every repeat measures clearly.
+    real_loss = math.isfinite(loss_low) and loss_low > 0
+    # Each cause is judged against its own noise, in every repeat: the phases of a run are paired, but whole runs
+    # can differ 3x in how slow their collectives are, so the spread of a cause's size over repeats says how
+    # reproducible its size is, not whether it exists. The loss is only the yardstick for "worth reporting".
     floor = min_share * (loss if real_loss else tn)
     for c in causes:
         v = c["seconds_per_step"]
-        c["significant"] = bool(math.isfinite(v) and v > c["noise_s"] and v >= floor)
+        c["significant"] = bool(math.isfinite(v) and c["low_s"] > 0 and v >= floor)
     causes.sort(key=lambda c: (not c["significant"], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
     return {"scaling_loss_s": loss, "scaling_loss_noise_s": loss_noise, "scaling_loss_significant": real_loss,
             "step_time_1_s": t1, "step_time_n_s": tn, "nproc": n,

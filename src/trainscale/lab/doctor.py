@@ -141,10 +141,12 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                          f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
                          f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."),
                    ("h2", "Verdict"),
-                   ("table", ["#", "cause", "ms/step", "share of loss", "noise (ms)", "significant", "evidence"],
+                   ("table", ["#", "cause", "ms/step", "share of loss", "noise (ms)", "per repeat (ms)", "significant",
+                              "evidence"],
                     [[i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
                       f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", f"{c['noise_s'] * 1e3:.3f}",
-                      "yes" if c["significant"] else "no", c["evidence"]] for i, c in enumerate(res["causes"], 1)]),
+                      ", ".join(f"{v * 1e3:+.2f}" for v in c["per_repeat_s"]), "yes" if c["significant"] else "no",
+                      c["evidence"]] for i, c in enumerate(res["causes"], 1)]),
                    ("h2", "Suggestions"),
                    ("table", ["cause", "suggestion"],
                     [[c["name"], c["suggestion"]] for c in res["causes"] if c["significant"]] or
@@ -157,11 +159,13 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
     blocks += [("h2", "How to read this"),
-               ("p", "Each experiment is a plain trainscale train command (listed below). Differences between them "
-                     "telescope: input + communication + compute + framework = T_N - T_1. A cause is significant "
-                     "only when its value exceeds its noise (range over repeats, or twice the standard error of the "
-                     "medians it is computed from) and is at least the minimum share of the loss (of the N-process "
-                     "step time when the loss itself is within noise)."),
+               ("p", "Each run is a plain trainscale train command (listed below) whose blocks of steps cycle through "
+                     "the experiments (--ablate.phases), so their differences are paired inside the run. Differences "
+                     "telescope: input + communication + compute + framework = T_N - T_1. A cause's noise is twice "
+                     "the standard error of the medians it is computed from (each phase's own step-to-step spread), "
+                     "the largest over repeats. It is significant only when every repeat exceeds its noise and it is "
+                     "at least the minimum share of the loss (of the N-process step time when the loss itself is not "
+                     "significant). How much its size varies between repeats is in the per-repeat column."),
                ("h2", "Runs"), ("pre", "\n".join(r["command"] for r in doc["runs"]))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
 
@@ -174,11 +178,11 @@ def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int, phased: list[str
     base = lambda k: [r for r in lab.log if r["experiment"] == "base" and r["nproc"] == k]  # noqa: E731
     # Measured as before (the base phase of phased runs), so before and after are alike.
     after = [lab.run("applied", n, [*phased, *flags], r)["base"] for r in range(repeat)]
-    # A change of batch changes the 1-process reference too: measure it, so efficiency stays like for like.
-    one_after = [lab.run("applied", 1, [*phased, *flags], r)["base"] for r in range(repeat)] \
-        if "data.batch_size" in top["apply_flags"] else None
+    # The change applies at 1 process too (a bucket size, a batch): its 1-process reference is measured again,
+    # so that efficiency after compares like with like.
+    one_after = [lab.run("applied", 1, [*phased, *flags], r)["base"] for r in range(repeat)]
     sps1 = median(r["samples_per_s"] for r in base(1))
-    sps1_after = median(s["samples_per_s"] for s in one_after) if one_after else sps1
+    sps1_after = median(s["samples_per_s"] for s in one_after)
     sps_b, sps_a = median(r["samples_per_s"] for r in base(n)), median(s["samples_per_s"] for s in after)
     t0, t1 = median(r["job_step_time_s"] for r in base(n)), median(job_step_time(s) for s in after)
     gain = sps_a / sps_b - 1 if sps_b else float("nan")
@@ -254,7 +258,7 @@ def main(argv: list[str]) -> int:
             doc.update(res)
             doc["result"] = True
             if args.apply:
-                bar.update(task, total=bar.tasks[0].total + R)
+                bar.update(task, total=bar.tasks[0].total + 2 * R)
                 doc["apply"] = _apply(lab, res, n, R, phased)
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
-__all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap"]
+__all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se"]
 
 
 def median(xs: Iterable[float]) -> float:
@@ -30,17 +30,30 @@ def job_step_time(summary: dict[str, Any]) -> float:
     return max(ranks) if ranks else float(summary["step_time_s"])
 
 
-def median_se(summary: dict[str, Any]) -> float:
-    """Standard error of a run's median step time, from its own p10-p90 spread and step count.
+def _se(spread: float | None, value: float, n: int) -> float:
+    """Standard error of a median of n values whose p10-p90 spread, relative to the median, is ``spread``.
 
     p90 - p10 of a normal distribution is 2.56 sigma; the median's standard error is 1.2533 sigma / sqrt(n).
     """
-    n = max(1, int(summary.get("measured_steps") or 1))
-    spread = summary.get("step_time_spread")
-    if spread is None or not math.isfinite(spread):
+    if spread is None or not math.isfinite(spread) or not math.isfinite(value):
         return 0.0
-    sigma = spread * job_step_time(summary) / 2.563
-    return 1.2533 * sigma / math.sqrt(n)
+    return 1.2533 * (spread * value / 2.563) / math.sqrt(max(1, n))
+
+
+def median_se(summary: dict[str, Any]) -> float:
+    """Standard error of a run's median step time, from its own p10-p90 spread and step count."""
+    return _se(summary.get("step_time_spread"), job_step_time(summary), int(summary.get("measured_steps") or 1))
+
+
+def rank_gap_se(summary: dict[str, Any], worst: int) -> float:
+    """Standard error of ``max_rank_gap`` of a run's per-rank compute medians (0 without per-rank spreads)."""
+    comp, spread = summary.get("rank_compute_s") or [], summary.get("rank_compute_spread") or []
+    if len(spread) != len(comp) or len(comp) < 2:
+        return 0.0
+    n = int(summary.get("measured_steps") or 1)
+    se = [_se(sp, c, n) for sp, c in zip(spread, comp)]
+    others = se[:worst] + se[worst + 1:]
+    return math.sqrt(se[worst] ** 2 + statistics.median(others) ** 2)
 
 
 def max_rank_gap(values: list[float]) -> tuple[float, int]:

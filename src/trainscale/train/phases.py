@@ -11,7 +11,6 @@ The phases are cumulative, like the doctor's separate experiments: ``no_data`` k
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,25 +48,26 @@ class PhasePlan:
 
 
 def local_phase_stats(marks: list[str | None], step_times: list[float], waits: list[float],
-                      compute: list[float]) -> dict[str, tuple[float, float, float, int, float, float]]:
-    """This rank's (compute median, step median, step spread, steps, step seconds, wait seconds) per phase."""
+                      compute: list[float]) -> dict[str, tuple[float, ...]]:
+    """This rank's (compute median, compute spread, step median, step spread, steps, step s, wait s) per phase."""
     out = {}
     for name in dict.fromkeys(m for m in marks if m):
         idx = [i for i, m in enumerate(marks) if m == name]
         steps = [step_times[i] for i in idx]
         med, spread = median_spread(steps)
-        comp = [compute[i] for i in idx if i < len(compute)]
-        out[name] = (statistics.median(comp) if comp else float("nan"), med, spread, len(idx), sum(steps),
-                     sum(waits[i] for i in idx))
+        comp = median_spread([compute[i] for i in idx if i < len(compute)])
+        out[name] = (*comp, med, spread, len(idx), sum(steps), sum(waits[i] for i in idx))
     return out
 
 
 def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int) -> dict[str, dict[str, Any]]:
     """Per-phase fields shaped like the run summary's own (rank 0's median and spread, per-rank lists)."""
     out: dict[str, dict[str, Any]] = {}
-    for name, (_, med, spread, n, total, wait) in per_rank[0].items():
+    for name, (_, _, med, spread, n, total, wait) in per_rank[0].items():
         out[name] = {"step_time_s": med, "step_time_spread": spread, "measured_steps": n,
                      "samples_per_s": n * global_batch / total if total else float("nan"),
                      "data_wait_frac": wait / total if total else float("nan"),
-                     "rank_compute_s": [r[name][0] for r in per_rank], "rank_step_time_s": [r[name][1] for r in per_rank]}
+                     "rank_compute_s": [r[name][0] for r in per_rank],
+                     "rank_compute_spread": [r[name][1] for r in per_rank],
+                     "rank_step_time_s": [r[name][2] for r in per_rank]}
     return out

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import random
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -344,7 +343,7 @@ class Trainer:
         # Per-rank medians: all-reduce equalises step times, compute times show who is slow.
         compute = self.clock.values()
         phases = local_phase_stats(marks, step_times, waits, compute) if marks is not None else {}
-        mine = (statistics.median(compute) if compute else float("nan"), med, median_spread(waits)[0], phases)
+        mine = (*median_spread(compute), med, median_spread(waits)[0], phases)
         per_rank: list[Any] = [None] * env.world_size
         dist.all_gather_object(per_rank, mine)
         # The slowest rank's input pipeline bounds the job: its rate x world size; skipped images summed.
@@ -371,9 +370,9 @@ class Trainer:
             "allreduce_calls_per_step": calls, "bucket_mb": cfg.strategy.bucket_mb,
             "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp, "threads": env.threads,
             "ablate": {"comm": cfg.ablate.comm, "data": cfg.ablate.data, "compute": cfg.ablate.compute},
-            "phases": merge_phase_stats([r[3] for r in per_rank], self.global_batch) if marks is not None else None,
-            "rank_compute_s": [r[0] for r in per_rank], "rank_step_time_s": [r[1] for r in per_rank],
-            "rank_data_wait_s": [r[2] for r in per_rank],
+            "phases": merge_phase_stats([r[4] for r in per_rank], self.global_batch) if marks is not None else None,
+            "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
+            "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
             "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
             "calibrated_compute_s": (self.sleep_test.total_fwd_s + self.sleep_test.total_bwd_s)
             if self.sleep_test else None,
