@@ -92,7 +92,9 @@ def test_ctrl_c_stops_the_run_and_ray(tmp_path):
             if line.startswith("update ") or time.monotonic() > deadline:
                 break
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=60)
+        # Keep draining both pipes: a run blocked on writing a full pipe could not act on the signal.
+        proc.communicate(timeout=60)
+        rc = proc.returncode
     finally:
         if proc.poll() is None:
             proc.kill()
