@@ -2,10 +2,11 @@
 
 It runs your job (``trainscale train`` with your options) at 1 and N processes. Each run cycles through
 blocks of steps that remove one more part of the step (``--ablate.phases base,no_data,no_comm``), so the
-phases are paired measurements under the run's own conditions; it splits the scaling loss T_N - T_1 (same
-per-device batch) into causes: communication, input, compute_interference, framework_overhead (seed 000's sleep test),
-slow_operator (per-operator profiles at 1 and N), straggler (per-rank compute times) and threads.
-A cause is significant only when it exceeds its measured noise. ``--apply`` re-runs with the top suggestion.
+phases are paired measurements under the run's own conditions. It splits the scaling loss T_N - T_1 (same
+per-device batch) into causes: communication, input, compute_interference, framework_overhead (seed 000's
+sleep test), slow_operator (per-operator profiles at 1 and N), straggler (per-rank compute times) and threads.
+A cause is significant only when every repeat shows it above its measured noise. ``--apply`` re-runs with the
+top suggestion and measures the gain.
 
 Example::
 
@@ -44,13 +45,14 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n  trainscale doctor --nproc 2 --out runs/doctor\n"
                "  trainscale doctor --nproc 2 --strategy.bucket_mb 0 --model.depth 12 --apply")
     p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
-    p.add_argument("--repeat", type=int, default=3, help="runs per experiment; noise is measured over them")
+    p.add_argument("--repeat", type=int, default=3, help="runs at each size (default 3); a cause must show in every one")
     p.add_argument("--out", default="runs/doctor", help="folder for doctor.json, doctor.md/html and plots")
     p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain")
     p.add_argument("--quick", action="store_true",
                    help="first-level experiments only (input, communication, compute, stragglers): no sleep test, "
                         "profiles or thread trials")
-    p.add_argument("--min-share", type=float, default=0.05, help="smallest share of the loss worth reporting (default 0.05)")
+    p.add_argument("--min-share", type=float, default=0.05,
+                   help="smallest share of the loss worth reporting (default 0.05)")
     p.add_argument("--cycles", type=int, default=4,
                    help="times each run cycles through its phases (default 4); the doctor sets job.steps from this")
     p.add_argument("--phase-steps", type=int, default=8, help="steps per phase block (default 8)")
@@ -73,11 +75,11 @@ class _Lab:
         s = run_train(spec, self.timeout)
         parts = {ph: {**s, **v} for ph, v in s["phases"].items()} if s.get("phases") else {name: s}
         for ph, p in parts.items():
-            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r, "step_time_s": p["step_time_s"],
-                             "job_step_time_s": job_step_time(p), "samples_per_s": p["samples_per_s"],
-                             "rank_compute_s": p.get("rank_compute_s"), "rank_step_time_s": p.get("rank_step_time_s"),
-                             "data_wait_frac": p.get("data_wait_frac"), "threads": p.get("threads"),
-                             "command": s["command"]})
+            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r,
+                             "step_time_s": p["step_time_s"], "job_step_time_s": job_step_time(p),
+                             "samples_per_s": p["samples_per_s"], "rank_compute_s": p.get("rank_compute_s"),
+                             "rank_step_time_s": p.get("rank_step_time_s"), "data_wait_frac": p.get("data_wait_frac"),
+                             "threads": p.get("threads"), "command": s["command"]})
         self.bar.advance(self.task)
         return parts if s.get("phases") else s
 
