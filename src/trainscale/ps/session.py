@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -24,8 +25,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, verbose
     import ray
 
     started = False
-    # SIGTERM (a scheduler, `kill`) takes the same way out as Ctrl-C, through the finally below.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM (a scheduler, `kill`) and SIGINT take the same way out, through the finally below. SIGINT is set
+    # explicitly: a process started with SIGINT ignored (inherited) would otherwise run on after Ctrl-C.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # `kill -USR1 PID` prints every thread's stack: what a run that does not stop is waiting for.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": num_cpus or os.cpu_count() or 1}
@@ -36,4 +40,6 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, verbose
     finally:
         if started:
             ray.shutdown()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        faulthandler.unregister(signal.SIGUSR1)
