@@ -40,9 +40,9 @@ class Coordinator:
         self.arrived: dict[int, tuple[list, dict]] = {}  # ticket -> (grad refs, meta), until applied
         self.setups: dict[Any, int] = {}  # setup ref -> learner being brought back
         self.stop_requested = False
-        self.lost_at: dict[int, float] = {}
+        self.lost_at: dict[int, float] = {}  # learner -> when it was lost (monotonic), until it is back
         self.submitted: dict[int, float] = {}  # ticket -> perf_counter at launch
-        self.unchecked: tuple[int, list] | None = None  # (version, shard calls) of an update not yet confirmed  # learner -> when it was lost (monotonic), until it is back
+        self.unchecked: tuple[int, list] | None = None  # (version, shard calls) of an update not yet confirmed
 
     def request_stop(self) -> None:
         """End the run after the current update (from ``on_update``)."""
