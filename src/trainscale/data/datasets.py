@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,11 +63,48 @@ def available_datasets() -> list[str]:
     return sorted(_DATASETS)
 
 
-def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo]:
-    """The training set, the evaluation set and their description."""
+def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo | None]:
+    """The training set, the evaluation set and their description (None: inferred from a sample later).
+
+    ``data.name`` is a registered name or a user's ``package.module:function``; that builder receives
+    ``cfg`` (the DataConfig) if it declares it, and returns ``train``, ``(train, eval)`` or
+    ``(train, eval, DataInfo)``.
+    """
+    if ":" in cfg.name:
+        return _user_datasets(cfg)
     if cfg.name not in _DATASETS:
-        raise ConfigError("data.name", cfg.name, "one of " + ", ".join(available_datasets()))
+        raise ConfigError("data.name", cfg.name, "one of " + ", ".join(available_datasets())
+                          + ", or a builder package.module:function")
     return _DATASETS[cfg.name](cfg)
+
+
+def import_data_builder(name: str) -> Callable[..., object]:
+    """``package.module:function`` -> the function (found on ``PYTHONPATH``); ConfigError otherwise."""
+    from ..models import import_callable
+    return import_callable(name, "data.name")
+
+
+def _user_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DataInfo | None]:
+    fn = import_data_builder(cfg.name)
+    out = fn(cfg) if "cfg" in inspect.signature(fn).parameters else fn()
+    parts = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if not 1 <= len(parts) <= 3 or not all(hasattr(d, "__len__") and hasattr(d, "__getitem__") for d in parts[:2]):
+        raise ConfigError("data.name", cfg.name, "the builder must return train, (train, eval) or "
+                          f"(train, eval, DataInfo) datasets; got {type(out).__name__}")
+    train = parts[0]
+    evals = parts[1] if len(parts) > 1 and parts[1] is not None else _EMPTY
+    return train, evals, parts[2] if len(parts) == 3 else None
+
+
+class _Empty(Dataset):
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, i: int) -> object:
+        raise IndexError(i)
+
+
+_EMPTY = _Empty()
 
 
 def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -58,12 +58,22 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def resolve_backend(choice: str, device: torch.device) -> str:
-    """``auto`` → NCCL for CUDA devices, Gloo otherwise."""
+def resolve_backend(choice: str, device: torch.device, local_processes: int = 1, gpus: int | None = None) -> str:
+    """``auto`` → NCCL when each local process has a GPU of its own, Gloo otherwise.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so processes that share GPUs
+    (``--nproc 2`` on a one-GPU machine) exchange their CUDA tensors through Gloo instead.
+    """
+    if device.type == "cuda" and gpus is None:
+        gpus = torch.cuda.device_count()
+    shared = device.type == "cuda" and local_processes > (gpus or 0)
     if choice == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
+        return "nccl" if device.type == "cuda" and not shared else "gloo"
     if choice == "nccl" and device.type != "cuda":
         raise ConfigError("job.backend", choice, "nccl needs CUDA devices; use gloo or auto on CPU")
+    if choice == "nccl" and shared:
+        raise ConfigError("job.backend", choice, f"nccl needs one GPU per process ({local_processes} processes "
+                          f"on this machine, {gpus} GPU(s)); use gloo or auto, which picks gloo here")
     return choice
 
 
@@ -75,15 +85,17 @@ def init_distributed(job: JobConfig) -> DistEnv:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     device = resolve_device(job.device, local_rank)
-    backend = resolve_backend(job.backend, device)
+    backend = resolve_backend(job.backend, device, local_world)
     threads = job.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(local_world)
     torch.set_num_threads(threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # Fixed input shapes are the rule in training: let cuDNN pick its fastest convolution once.
+        torch.backends.cudnn.benchmark = True
     timeout = datetime.timedelta(seconds=job.timeout_s)
     if not dist.is_initialized():
         if launched:
-            dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
         else:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

@@ -89,7 +89,7 @@ def launch(spec: LaunchSpec) -> None:
     if spec.print_table and spec.node_rank == 0:
         os.environ["TRAINSCALE_TABLE_PRINTED"] = "1"  # the ranks need not print it again
         print_env_table(_expected_rows(spec, threads), world=_world_text(spec), nodes=spec.nnodes,
-                        master=_master_text(spec), backend=_expected_backend())
+                        master=_master_text(spec), backend=_expected_backend(spec.nproc_per_node))
     args = parse_args(spec.torchrun_argv())
     # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
     # abbreviation of its own --nproc-per-node.
@@ -100,8 +100,13 @@ def launch(spec: LaunchSpec) -> None:
         raise LaunchFailed(_failure_text(e)) from None
 
 
-def _expected_backend() -> str:
-    return "nccl (CUDA available)" if torch.cuda.is_available() else "gloo (no CUDA)"
+def _expected_backend(local_processes: int) -> str:
+    gpus = torch.cuda.device_count()
+    if not gpus:
+        return "gloo (no CUDA)"
+    if local_processes > gpus:
+        return f"gloo on CUDA ({local_processes} processes share {gpus} GPU(s); NCCL needs one each)"
+    return "nccl (CUDA available)"
 
 
 def _world_text(spec: LaunchSpec) -> str:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
 from ..config import ConfigError
 
-__all__ = ["register", "build_model", "available", "check_name", "count_tensors"]
+__all__ = ["register", "build_model", "available", "check_name", "count_tensors", "import_callable"]
 
 Builder = Callable[..., nn.Module]
 _REGISTRY: dict[str, Builder] = {}
@@ -39,17 +39,24 @@ def available() -> list[str]:
     return names
 
 
-def _import_builder(name: str) -> Builder:
-    """``package.module:function`` -> the function (a user's own model, found on ``PYTHONPATH``)."""
+def import_callable(name: str, key: str) -> Callable[..., Any]:
+    """``package.module:function`` -> the function (a user's own code, found on ``PYTHONPATH``).
+
+    ``key`` is the configuration field that named it, for the error line.
+    """
     mod_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ConfigError("model.name", name, f"cannot import {mod_name} ({e}); is it on PYTHONPATH?") from None
+        raise ConfigError(key, name, f"cannot import {mod_name} ({e}); is it on PYTHONPATH?") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError("model.name", name, f"{mod_name} has no callable {attr!r}")
+        raise ConfigError(key, name, f"{mod_name} has no callable {attr!r}")
     return fn
+
+
+def _import_builder(name: str) -> Builder:
+    return import_callable(name, "model.name")
 
 
 def _call_builder(fn: Builder, **kw: object) -> nn.Module:

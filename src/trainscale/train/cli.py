@@ -72,19 +72,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
 def preflight(args: argparse.Namespace, cfg: Config) -> None:
     """Checks that need this machine (device, amp, checkpoint), made once before any rank starts."""
     from ..data import available_datasets, check_data
+    from ..data.datasets import import_data_builder
     from ..dist.env import resolve_backend, resolve_device
     from ..models import check_name
     from ..strategies import check_amp, check_strategy
     from .checkpoint import load_checkpoint
 
     check_name(cfg.model.name)
-    if cfg.data.name not in available_datasets():
-        raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets()))
+    if ":" in cfg.data.name:
+        import_data_builder(cfg.data.name)  # a user's package.module:function must import
+    elif cfg.data.name not in available_datasets():
+        raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets())
+                          + ", or a builder package.module:function")
     check_data(cfg.data)
     device = resolve_device(cfg.job.device)
-    resolve_backend(cfg.job.backend, device)
-    check_amp(cfg.strategy.amp, device)
     world = args.nproc or 1  # the processes this command will start on this machine
+    resolve_backend(cfg.job.backend, device, world)
+    check_amp(cfg.strategy.amp, device)
     check_strategy(cfg.strategy, world, world)
     if args.resume:
         load_checkpoint(args.resume)
