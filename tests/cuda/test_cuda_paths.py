@@ -12,12 +12,14 @@ import torch
 from torch import nn
 
 from clitools import FAST, read_json, run_cli
+from trainscale.config import Config
 from trainscale.data import DataInfo
 from trainscale.data.datasets import TensorImages
 from trainscale.data.loader import TrainLoader
 from trainscale.strategies.amp import apply_amp
 from trainscale.train.instrument import ComputeClock
 from trainscale.train.profile import OpProfiler
+from trainscale.train.trainer import build_optimizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -47,10 +49,13 @@ def test_two_processes_on_one_gpu_use_gloo(tmp_path):
     assert bad.rc != 0 and "nccl needs one GPU per process" in bad.err
 
 
-def test_fp16_scaler_grows_and_backs_off_and_skips_an_overflow_step():
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_fp16_scaler_grows_and_backs_off_and_skips_an_overflow_step(fused):
+    """With trainscale's fused optimizer the overflow flag stays on the device; the skip must still happen."""
     autocast, scaler = apply_amp("fp16", CUDA)
     model = nn.Linear(16, 4).to(CUDA)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = build_optimizer(model.parameters(), Config()) if fused else torch.optim.SGD(model.parameters(), lr=0.1)
+    assert bool(opt.defaults.get("fused")) == fused
     x = torch.randn(8, 16, device=CUDA)
     start = scaler.get_scale()
     for _ in range(scaler.get_growth_interval()):  # finite steps in a row: the scale doubles
