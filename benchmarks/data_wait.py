@@ -29,7 +29,7 @@ from _images import PlainFolder, cores, make_jpeg_folder  # noqa: E402
 
 from trainscale.config import load_config  # noqa: E402
 from trainscale.data.packed import pack_folder  # noqa: E402
-from trainscale.dist.env import shutdown  # noqa: E402
+from trainscale.distributed.env import shutdown  # noqa: E402
 from trainscale.train.trainer import Trainer  # noqa: E402
 
 

@@ -1,7 +1,9 @@
 """trainscale's ddp step against a hand-written plain DDP loop: same model, batch and data, 2 processes.
 
-Both loops run in the same two processes, alternating rounds, each timed per step with the same
-clock; the result is the ratio of medians. Last line: one JSON object.
+Three loops run in the same two processes, alternating rounds, each timed per step with the same
+clock: a hand-written DDP loop, ``trainscale train``'s Trainer, and a user's loop on the run API
+(``trainscale.init``); the results are the ratios of medians to the hand-written loop. Last line: one
+JSON object.
 Run: python benchmarks/ddp_overhead.py [--rounds 4 --steps 40]
 """
 
@@ -64,20 +66,38 @@ def plain_ddp_steps(steps: int, skip: int) -> list[float]:
     return times
 
 
+def run_api_steps(cfg: object, steps: int) -> float:
+    """A user's loop on the run API over the same job; its median step time."""
+    import trainscale
+    from trainscale.data import build_datasets
+    from trainscale.models import build_model
+
+    run = trainscale.init(cfg)
+    train, _, info = build_datasets(run.cfg.data)
+    model = build_model("resnet18", info.in_shape, info.num_classes, width=8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, opt, loader = run.prepare(model, opt, train, data_info=info)
+    for x, y in run.batches(loader, steps=steps):
+        run.backward(torch.nn.functional.cross_entropy(model(x), y))
+        run.step()
+    return run.finish()["step_time_s"]
+
+
 def worker(rounds: int, steps: int, out: str) -> None:
     from trainscale import Trainer
     from trainscale.config import load_config
-
-    from trainscale.dist import init_distributed
+    from trainscale.distributed import init_distributed
 
     cfg = load_config(_pairs(MODEL) + ["--job.steps", str(steps)])
-    init_distributed(cfg.job)  # one process group and thread setting for both loops
-    ts, plain = [], []
-    for _ in range(rounds):
-        plain.append(statistics.median(plain_ddp_steps(steps, 5)))
-        ts.append(Trainer(cfg).fit()["step_time_s"])
+    init_distributed(cfg.job)  # one process group and thread setting for all loops
+    ts, api, plain = [], [], []
+    for r in range(rounds):
+        loops = [("plain", lambda: statistics.median(plain_ddp_steps(steps, 5))),
+                 ("ts", lambda: Trainer(cfg).fit()["step_time_s"]), ("api", lambda: run_api_steps(cfg, steps))]
+        for name, fn in loops[r % 3:] + loops[:r % 3]:  # rotate the order: no loop always runs first
+            {"plain": plain, "ts": ts, "api": api}[name].append(fn())
     if int(os.environ["RANK"]) == 0:
-        Path(out).write_text(json.dumps({"ts": ts, "plain": plain}))
+        Path(out).write_text(json.dumps({"ts": ts, "api": api, "plain": plain}))
 
 
 def _pairs(argv: list[str]) -> list[str]:
@@ -94,7 +114,7 @@ def main() -> None:
     if a.worker_out:
         worker(a.rounds, a.steps, a.worker_out)
         return
-    from trainscale.dist import LaunchSpec, launch
+    from trainscale.distributed import LaunchSpec, launch
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
@@ -103,11 +123,13 @@ def main() -> None:
         r = json.loads(out.read_text())
     from _common import emit, spread
 
-    ts, plain = statistics.median(r["ts"]), statistics.median(r["plain"])
-    for i, (t, p) in enumerate(zip(r["ts"], r["plain"])):
-        print(f"round {i + 1}: trainscale {t * 1e3:.2f} ms/step, plain DDP {p * 1e3:.2f} ms/step", file=sys.stderr)
-    emit({"ratio": ts / plain, "trainscale_step_s": ts, "plain_step_s": plain,
-          "trainscale_spread": spread(r["ts"]), "plain_spread": spread(r["plain"]), "rounds": a.rounds})
+    ts, api, plain = (statistics.median(r[k]) for k in ("ts", "api", "plain"))
+    for i, (t, u, p) in enumerate(zip(r["ts"], r["api"], r["plain"])):
+        print(f"round {i + 1}: trainscale train {t * 1e3:.2f} ms/step, run API {u * 1e3:.2f} ms/step, "
+              f"plain DDP {p * 1e3:.2f} ms/step", file=sys.stderr)
+    emit({"ratio": ts / plain, "run_api_ratio": api / plain, "trainscale_step_s": ts, "run_api_step_s": api,
+          "plain_step_s": plain, "trainscale_spread": spread(r["ts"]), "run_api_spread": spread(r["api"]),
+          "plain_spread": spread(r["plain"]), "rounds": a.rounds})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainscale.config import ConfigError
-from trainscale.dist.env import resolve_backend
+from trainscale.distributed.env import resolve_backend
 
 GPU = torch.device("cuda", 0)
 

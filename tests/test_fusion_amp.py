@@ -7,7 +7,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from clitools import FAST, read_json, run_cli
 from trainscale.config import JobConfig, StrategyConfig
-from trainscale.dist import init_distributed, shutdown
+from trainscale.distributed import init_distributed, shutdown
 from trainscale.models import build_model, count_tensors
 from trainscale.strategies import apply_ddp, bucket_count
 

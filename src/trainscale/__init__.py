@@ -4,11 +4,14 @@ __version__ = "0.1.0"
 
 from .config import Config, ConfigError, load_config  # noqa: E402
 
-__all__ = ["__version__", "Config", "ConfigError", "load_config", "Trainer", "prepare"]
+__all__ = ["__version__", "Config", "ConfigError", "load_config", "init", "Run", "Trainer", "prepare"]
 
 
 def __getattr__(name: str):
-    # Trainer pulls in torch.distributed; import it only when asked so `trainscale --help` stays fast.
+    # The run API pulls in torch.distributed; import it only when asked so `trainscale --help` stays fast.
+    if name in ("init", "Run", "RunError"):
+        from .train import run
+        return getattr(run, name)
     if name in ("Trainer", "prepare"):
         from .train import trainer
         return getattr(trainer, name)

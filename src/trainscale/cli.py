@@ -14,7 +14,7 @@ from .config import ConfigError
 __all__ = ["main"]
 
 SUBCOMMANDS = {
-    "launch": ("trainscale.dist.cli", "run any torchrun script on N processes (a wrapper over torchrun)"),
+    "launch": ("trainscale.distributed.cli", "run any torchrun script on N processes (a wrapper over torchrun)"),
     "train": ("trainscale.train.cli", "train a model with synchronous data parallelism"),
     "data": ("trainscale.data.cli", "pack an image folder into shards, describe a pack"),
     "bench": ("trainscale.lab.bench", "scaling sweep over world sizes, with a report"),

@@ -93,6 +93,8 @@ class JobConfig(_Section):
     out: str = _f("", "folder for run artefacts (profile tables); empty: beside --json, or none")
     slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
     slow_factor: float = _f(1.0, "fault injection: compute-time multiplier of job.slow_rank (e.g. 1.5)")
+    loss: str = _f("cross_entropy", "loss of trainscale train: cross_entropy, mse, l1, or a user's "
+                                    "package.module:function(output, target) returning a scalar tensor")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -262,7 +264,10 @@ class LogConfig(_Section):
         self._at_least("skip_first", 0)
 
 
-PHASES = ("base", "no_data", "no_comm")  # what ablate.phases may cycle through
+# The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).
+# Cumulative, like the doctor's separate experiments: no_comm also keeps one batch on the device.
+PHASE_FLAGS: dict[str, tuple[bool, bool]] = {"base": (False, False), "no_data": (False, True), "no_comm": (True, True)}
+PHASES = tuple(PHASE_FLAGS)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..log import logger
 from .datasets import DataInfo
 from .sampler import BatchKey, EpochBatchSampler, ShardedSampler, eval_indices
 
-__all__ = ["DeviceNormalize", "TrainLoader", "Prefetcher", "eval_batches"]
+__all__ = ["DeviceNormalize", "ToDevice", "TrainLoader", "Prefetcher", "eval_batches", "batch_len", "move_to"]
 
 
 def _collate(batch: object) -> object:
@@ -38,6 +38,48 @@ def _collate(batch: object) -> object:
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a batch of any structure (tensor, tuple/list, dict, nested)."""
+    if torch.is_tensor(batch):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 when it holds none)."""
+    t = next(_tensors(batch), None)
+    return int(t.shape[0]) if t is not None and t.dim() else 0
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """The same structure with every tensor on ``device`` (asynchronous from pinned memory on CUDA)."""
+    nb = device.type == "cuda"
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=nb)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(move_to(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device) for v in batch)
+    return batch
+
+
+class ToDevice:
+    """A user's batch, of any structure, moved to the device as it is (their loss decides dtypes)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, batch: Any) -> Any:
+        return move_to(batch, self.device)
 
 
 def _worker_init(_: int) -> None:
@@ -69,23 +111,23 @@ class DeviceNormalize:
 class _KeyedDataset(Dataset):
     """Turns a ``BatchKey`` into ``(x, y, errors, epoch, batch)`` in whichever process reads it."""
 
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset: Dataset, seed: int, collate: Callable | None = None):
+        self.dataset, self.seed, self.collate = dataset, seed, collate
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitems__(self, key: BatchKey) -> tuple[Any, ...]:
         ds, (epoch, k, idx) = self.dataset, key
+        errors: list = []
         if hasattr(ds, "get_batch"):  # epoch-aware datasets draw their augmentation per (seed, epoch, sample)
             x, y, errors = ds.get_batch(idx, epoch, self.seed)
-        elif hasattr(ds, "__getitems__"):
-            x, y = _collate(ds.__getitems__(idx))
-            errors = []
+            batch: Any = (x, y)
+        elif hasattr(ds, "__getitems__") and self.collate is None:
+            batch = _collate(ds.__getitems__(idx))
         else:
-            x, y = default_collate([ds[i] for i in idx])
-            errors = []
-        return x, y, errors, epoch, k
+            batch = (self.collate or default_collate)([ds[i] for i in idx])
+        return batch, errors, epoch, k
 
 
 class _Failure:
@@ -119,19 +161,19 @@ class Prefetcher:
 
     def _produce(self) -> tuple[Any, ...]:
         t0 = time.perf_counter()
-        x, y, errors, epoch, k = next(self.source)
+        batch, errors, epoch, k = next(self.source)
         event = None
         if self.stage is not None:
             with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
-                x, y = self.stage((x, y))
+                batch = self.stage(batch)
                 if self.cuda:
                     event = torch.cuda.Event()
                     event.record(self.stream)
         if self._warm:  # the first batch also pays for starting the workers: not the pipeline's rate
             self.busy_s += time.perf_counter() - t0
-            self.samples += len(y)
+            self.samples += batch_len(batch)
         self._warm = True
-        return x, y, errors, epoch, k, event
+        return batch, errors, epoch, k, event
 
     def _run(self) -> None:
         item: Any = None
@@ -150,21 +192,21 @@ class Prefetcher:
                 return
 
     def get(self) -> tuple[Any, ...]:
-        """The next batch ``(x, y, errors, epoch, batch)``; ready to use on the consumer's stream."""
+        """The next ``(batch, errors, epoch, batch index)``; ready to use on the consumer's stream."""
         if self._thread is None:
             item = self._produce()
         else:
             item = self._q.get()
         if isinstance(item, _Failure):
             raise item.exc
-        x, y, errors, epoch, k, event = item
+        batch, errors, epoch, k, event = item
         if event is not None:
             cur = torch.cuda.current_stream()
             cur.wait_event(event)
             # Memory made on the side stream is now used on this one; tell the caching allocator.
-            x.record_stream(cur)
-            y.record_stream(cur)
-        return x, y, errors, epoch, k
+            for t in _tensors(batch):
+                t.record_stream(cur)
+        return batch, errors, epoch, k
 
     def close(self) -> None:
         """Stop the thread and the workers behind ``source``."""
@@ -187,13 +229,15 @@ class TrainLoader:
         state = loader.state_dict()   # {"epoch": 0, "batch_in_epoch": 1}
     """
 
-    def __init__(self, dataset: Dataset, info: DataInfo, device: torch.device, batch_size: int,
+    def __init__(self, dataset: Dataset, info: DataInfo | None, device: torch.device, batch_size: int,
                  rank: int = 0, world: int = 1, workers: int = 0, shuffle: bool = True, seed: int = 0,
-                 prefetch: int = 2, on_error: str = "skip", dtype: torch.dtype = torch.float32):
+                 prefetch: int = 2, on_error: str = "skip", dtype: torch.dtype = torch.float32,
+                 collate: Callable | None = None):
         self.dataset, self.batch_size, self.workers, self.seed = dataset, batch_size, workers, seed
-        self.prefetch, self.on_error, self.device = prefetch, on_error, device
+        self.prefetch, self.on_error, self.device, self.collate = prefetch, on_error, device, collate
         self.sampler = ShardedSampler(len(dataset), rank, world, shuffle, seed)  # type: ignore[arg-type]
-        self.to_device = DeviceNormalize(info, device, dtype)
+        # Built-in image data (info given): uint8 travels, normalised on the device. A user's batch: moved as is.
+        self.to_device: Callable = DeviceNormalize(info, device, dtype) if info is not None else ToDevice(device)
         self.pin = device.type == "cuda"
         self.epoch, self.batch_in_epoch = 0, 0
         self.skipped = 0
@@ -209,7 +253,7 @@ class TrainLoader:
     def _start(self, device_stage: bool) -> None:
         self._close_pipe()
         batches = EpochBatchSampler(self.sampler, self.batch_size, self.epoch, self.batch_in_epoch)
-        dl = DataLoader(_KeyedDataset(self.dataset, self.seed), batch_sampler=batches, num_workers=self.workers,
+        dl = DataLoader(_KeyedDataset(self.dataset, self.seed, self.collate), batch_sampler=batches, num_workers=self.workers,
                         collate_fn=_identity, pin_memory=self.pin, worker_init_fn=_worker_init,
                         prefetch_factor=2 if self.workers else None)
         source = iter(dl)  # workers fork here, in the training thread, never from the prefetch thread
@@ -217,18 +261,18 @@ class TrainLoader:
         self._pipe = Prefetcher(source, self.to_device if device_stage else None, self.prefetch, self.device)
         self._device_stage = device_stage
 
-    def _take(self, device_stage: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _take(self, device_stage: bool) -> Any:
         if self._pipe is None or self._device_stage != device_stage:
             self._start(device_stage)
         while True:
-            x, y, errors, epoch, k = self._pipe.get()  # type: ignore[union-attr]
+            batch, errors, epoch, k = self._pipe.get()  # type: ignore[union-attr]
             self.epoch, self.batch_in_epoch = epoch, k + 1
             if self.batch_in_epoch == self.batches_per_epoch:
                 self.epoch, self.batch_in_epoch = epoch + 1, 0
             if errors:
                 self._report(errors)
-            if len(y):  # a batch whose every image was unreadable is passed over
-                return x, y
+            if batch_len(batch):  # a batch whose every image was unreadable is passed over
+                return batch
 
     def _report(self, errors: list[tuple[str, str, bool]]) -> None:
         for file, why, fatal in errors:
@@ -245,11 +289,11 @@ class TrainLoader:
     def __iter__(self) -> "TrainLoader":
         return self
 
-    def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_host(self) -> Any:
         """The next batch as the workers produced it (still on the host, still uint8)."""
         return self._take(False)
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Any:
         return self._take(True)
 
     @property

@@ -25,7 +25,7 @@ from rich.table import Table
 from ..config import ConfigError, config_to_dict
 from .common import check_train_args, console, err_console, fmt, parse_nproc_list, write_json
 from .report import figure, save, write_reports
-from .runner import LauncherOptions, RunFailed, RunSpec, run_train
+from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
 
 __all__ = ["main", "make_point", "complete_points", "PLOTS"]
@@ -37,8 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trainscale bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Scaling sweep: run the training job at several world sizes and report speed-up, "
-                    "scaling efficiency and communication overhead. Other options go to `trainscale train`.",
+                    "scaling efficiency and communication overhead. Other options go to `trainscale train`, or, after `-- "
+                    "[python] my_train.py [args]`, to your own script on the run API (trainscale.init()).",
         epilog="examples:\n  trainscale bench --nproc 1,2 --out runs/bench\n"
+               "  trainscale bench --nproc 1,2 -- python my_train.py --my-args     # your own script on the run API\n"
                "  trainscale bench --nproc 1,2,4 --scaling strong --batch-size 128 --repeat 5\n"
                "  trainscale bench --nproc 8 --nnodes 2 --rdzv-endpoint node0:29400 ...   # on each node")
     p.add_argument("--nproc", default="1,2", help="processes per node to sweep, comma-separated (default 1,2)")
@@ -182,6 +184,7 @@ def _machine() -> str:
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale bench``."""
+    argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     nprocs = parse_nproc_list(args.nproc)
     if args.repeat < 1:
@@ -200,7 +203,8 @@ def main(argv: list[str]) -> int:
     doc: dict[str, Any] = {
         "points": [], "runs": [], "commands": [], "error": None, "machine": _machine(),
         "config": {"scaling": args.scaling, "repeat": args.repeat, "nproc": nprocs, "nnodes": args.nnodes,
-                   "train_args": rest, "model": cfg.model.name, "data": cfg.data.name, "steps": cfg.job.steps,
+                   "train_args": rest, "script": script, "model": cfg.model.name if not script else " ".join(script),
+                   "data": cfg.data.name if not script else "user", "steps": cfg.job.steps,
                    "skip_first": cfg.log.skip_first, "batch_size": cfg.data.batch_size, "train": config_to_dict(cfg)},
     }
     total = len(nprocs) * args.repeat
@@ -214,7 +218,8 @@ def main(argv: list[str]) -> int:
             for r in range(args.repeat):
                 bar.update(task, description=f"{world} process(es), run {r + 1}/{args.repeat}")
                 spec = RunSpec(n, _run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
-                               out / "runs" / f"n{world}_r{r}.json", f"run with {world} process(es)", launcher)
+                               out / "runs" / f"n{world}_r{r}.json", f"run with {world} process(es)", launcher,
+                               script)
                 doc["commands"].append(spec.shell())
                 try:
                     summary = run_train(spec, args.timeout)

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ..config import Config, ConfigError
 
-__all__ = ["parse_nproc_list", "check_train_args", "write_json", "console", "err_console", "fmt"]
+__all__ = ["parse_nproc_list", "check_train_args", "to_overrides", "write_json", "console", "err_console", "fmt"]
 
 # Piped output (CI logs, subprocess capture) gets 120 columns instead of rich's 80, so tables do not wrap.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -43,6 +43,26 @@ def check_train_args(args: list[str]) -> Config:
             raise ConfigError(a.split("=", 1)[0], a, "set by the lab itself for each run; leave it out")
     _, cfg = parse(list(args))
     return cfg
+
+
+def to_overrides(args: list[str]) -> list[str]:
+    """Train options (short ones too: ``--steps``, ``--profile``) as ``--section.field value`` pairs for a script.
+
+    A script on the run API reads only those pairs (``TRAINSCALE_ARGS``): every field the options set is
+    listed, plus ``job.steps`` whenever the options name a step count, even the default one.
+    """
+    from ..config import Config, config_to_dict
+    from ..train.cli import parse
+
+    _, cfg = parse(list(args))
+    new, old = config_to_dict(cfg), config_to_dict(Config())
+    steps_given = any(a.split("=", 1)[0] in ("--steps", "--job.steps") for a in args)
+    out: list[str] = []
+    for sec, fields in new.items():
+        for k, v in fields.items():
+            if v != old[sec][k] or (sec, k) == ("job", "steps") and steps_given:
+                out += [f"--{sec}.{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    return out
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from ..config import ConfigError, config_to_dict
 from .analysis import CONFIGS, analyse
 from .common import check_train_args, console, err_console, write_json
 from .report import figure, save, write_reports
-from .runner import RunFailed, RunSpec, run_train
+from .runner import RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median
 from .suggest import context_from_config
 
@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Find out, by controlled experiments on your own job, why it does not scale. "
                     "Other options go to `trainscale train`.",
         epilog="examples:\n  trainscale doctor --nproc 2 --out runs/doctor\n"
+               "  trainscale doctor --nproc 2 -- python my_train.py --my-args    # your own script on the run API\n"
                "  trainscale doctor --nproc 2 --strategy.bucket_mb 0 --model.depth 12 --apply")
     p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
     p.add_argument("--repeat", type=int, default=3, help="runs at each size (default 3); a cause must show in every one")
@@ -63,15 +64,16 @@ def _parser() -> argparse.ArgumentParser:
 class _Lab:
     """Runs experiments, keeps every summary, and stops cleanly on the first failure."""
 
-    def __init__(self, out: Path, user: list[str], timeout: float, bar: Progress, task: Any):
-        self.out, self.user, self.timeout, self.bar, self.task = out, user, timeout, bar, task
+    def __init__(self, out: Path, user: list[str], timeout: float, bar: Progress, task: Any,
+                 script: list[str] | None = None):
+        self.out, self.user, self.timeout, self.bar, self.task, self.script = out, user, timeout, bar, task, script
         self.log: list[dict[str, Any]] = []
 
     def run(self, name: str, k: int, extra: list[str], r: int) -> dict[str, Any]:
         """One run; a run with phases is logged and returned as one summary per phase."""
         self.bar.update(self.task, description=f"{name} at {k} process(es), run {r + 1}")
         spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
-                       f"experiment {name} at {k} process(es)")
+                       f"experiment {name} at {k} process(es)", script=self.script)
         s = run_train(spec, self.timeout)
         parts = {ph: {**s, **v} for ph, v in s["phases"].items()} if s.get("phases") else {name: s}
         for ph, p in parts.items():
@@ -202,6 +204,7 @@ def main(argv: list[str]) -> int:
     """Entry of ``trainscale doctor``."""
     from .bench import _machine
 
+    argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     if args.nproc < 2:
         raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2")
@@ -218,7 +221,7 @@ def main(argv: list[str]) -> int:
     ctx = context_from_config(cfg)
     doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
                            "machine": _machine(), "config": {"nproc": n, "repeat": R, "train_args": rest,
-                                                             "train": config_to_dict(cfg)}}
+                                                             "script": script, "train": config_to_dict(cfg)}}
     first = ("base", "no_data", "no_comm")
     steps = cfg.log.skip_first + args.cycles * len(first) * args.phase_steps
     phased = ["--ablate.phases", ",".join(first), "--ablate.phase_steps", str(args.phase_steps),
@@ -228,7 +231,7 @@ def main(argv: list[str]) -> int:
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
         task = bar.add_task("", total=2 * R)
-        lab = _Lab(out, rest, args.timeout, bar, task)
+        lab = _Lab(out, rest, args.timeout, bar, task, script)
         try:
             # Alternating sizes, so that a drift of the machine hits both alike; the phases inside a run are paired.
             for r in range(R):

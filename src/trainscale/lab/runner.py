@@ -1,7 +1,10 @@
-"""Run ``trainscale train`` as a subprocess and read its summary: the lab's only view of a job.
+"""Run a job as a subprocess and read its summary: the lab's only view of a job.
 
-Every experiment of ``bench`` and ``doctor`` is a command a user could type (``RunSpec.command``),
-so any number in a report can be reproduced by hand.
+A job is ``trainscale train [options]`` or a user's own script on the run API
+(``trainscale launch --nproc-per-node N script.py args``, its experiment switched on through
+``TRAINSCALE_ARGS`` and its summary asked for through ``TRAINSCALE_JSON``). Every experiment of ``bench``
+and ``doctor`` is a command a user could type (``RunSpec.shell``), so any number in a report can be
+reproduced by hand.
 """
 
 from __future__ import annotations
@@ -16,7 +19,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions"]
+__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script"]
+
+# What a script must do for the lab to read it: the one thing to add, quoted in the error.
+API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
+            "the loop and `run.finish()` after it (see examples/ in trainscale's repository)")
+
+
+def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``[lab options] -- [python] script.py args`` -> (lab options, the script's command for the launcher).
+
+    ``python`` (any interpreter name) is optional and ``-m module`` is accepted, as torchrun takes them.
+    """
+    from ..config import ConfigError
+
+    if "--" not in argv:
+        return argv, None
+    i = argv.index("--")
+    lab, script = argv[:i], argv[i + 1:]
+    if script and Path(script[0]).name.startswith("python"):
+        script = script[1:]
+    if not script or (script[0] == "-m" and len(script) < 2):
+        raise ConfigError("--", " ".join(argv[i + 1:]) or "(nothing)", "a script after --: [python] my_train.py "
+                          "[args] or [python] -m package.module [args]")
+    if script[0] != "-m" and not Path(script[0]).is_file():
+        raise ConfigError("script", script[0], "no such file (give the path of your training script)")
+    return lab, script
 
 
 class RunFailed(RuntimeError):
@@ -61,9 +89,23 @@ class RunSpec:
     json_path: Path
     label: str = ""
     launcher: LauncherOptions = field(default_factory=LauncherOptions)
+    script: list[str] | None = None  # a user's script on the run API instead of trainscale train
+
+    def env(self) -> dict[str, str]:
+        """Variables the run reads: a script's experiment switches and where its summary goes."""
+        if not self.script:
+            return {}
+        from .common import to_overrides
+        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in [*to_overrides(self.args), "--log.progress",
+                                                                      "none"]),
+                "TRAINSCALE_JSON": str(self.json_path)}
 
     def command(self) -> list[str]:
         """The exact command line run for this experiment."""
+        if self.script:
+            extra = self.launcher.argv() if self.launcher.multi_node else []
+            return [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(self.nproc), *extra,
+                    *self.script]
         train = ["train", *self.args, "--json", str(self.json_path), "--log.progress", "none"]
         if self.launcher.multi_node:
             return [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(self.nproc),
@@ -73,7 +115,8 @@ class RunSpec:
     def shell(self) -> str:
         """The command as a user would type it."""
         cmd = self.command()
-        return "trainscale " + " ".join(shlex.quote(c) for c in cmd[3:])
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env().items())
+        return (env + " " if env else "") + "trainscale " + " ".join(shlex.quote(c) for c in cmd[3:])
 
 
 def _error_lines(text: str, keep: int = 6) -> str:
@@ -87,7 +130,7 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     """Run one training job; return its summary, or raise RunFailed with the job's own error."""
     spec.json_path.parent.mkdir(parents=True, exist_ok=True)
     spec.json_path.unlink(missing_ok=True)
-    env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)  # the lab is never itself a rank; each run launches its own
     # A session of its own: on a timeout the launcher and every rank it started end together.
@@ -103,8 +146,11 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
         raise
     # The job's own output, kept beside its summary: the evidence behind a number or a failure.
     spec.json_path.with_suffix(".log").write_text(f"$ {spec.shell()}\n{out}\n{err}")
-    if p.returncode != 0 or not spec.json_path.is_file():
-        raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {spec.json_path.with_suffix('.log')})")
+    log = spec.json_path.with_suffix(".log")
+    if p.returncode != 0:
+        raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
+    if not spec.json_path.is_file():
+        raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
     summary = json.loads(spec.json_path.read_text())
     summary["command"] = spec.shell()
     return summary

@@ -3,53 +3,127 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+import time
 from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
 
 from ..config import StrategyConfig
-from ..dist import DistEnv
+from ..distributed import DistEnv
 from .amp import apply_amp, check_amp
 from .autotune import BucketTuner, distinct_candidates
 from .checks import check_strategy, needs_hook
 from .comm import CommMeter, ring_bytes
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .hooks import CommHooks
-from .local_sgd import apply_local_sgd
+from .local_sgd import ModelAveraging, apply_local_sgd
 from .zero import apply_zero, optimizer_state_bytes, optimizer_state_dict
 
-__all__ = ["Prepared", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
+__all__ = ["Strategy", "Prepared", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
            "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter", "ring_bytes",
            "apply_zero", "optimizer_state_bytes", "optimizer_state_dict"]
 
 
-@dataclass
-class Prepared:
-    """A model ready to train: its wrapper, the unwrapped module and the step's helpers."""
+class Strategy:
+    """A model ready to train and the named operations a step calls on it (Horovod's ``synchronize`` seam).
 
-    model: nn.Module
-    module: nn.Module
-    autocast: Callable[[], ContextManager]
-    scaler: torch.amp.GradScaler
-    post_backward: list[list[nn.Parameter]] = field(default_factory=list)
-    meter: CommMeter = field(default_factory=CommMeter)
-    post_step: Callable[[], None] | None = None  # after optimizer.step, before zero_grad (model averaging)
-    post_train: Callable[[], None] | None = None  # after the last step, before evaluation and checkpoint
-    tuner: BucketTuner | None = None
-    hook_state: Any = None
+    Example::
 
-    def resume_at(self, step: int) -> None:
-        """After a checkpoint restore: step-counting strategy state (local SGD's warm-up, averaging) goes on."""
+        strategy = apply_strategy(model, env, cfg.strategy)
+        strategy.set_grad_sync(last_micro_step)     # DDP exchanges gradients in this backward, or not
+        loss = loss_fn(strategy.model(x), y); strategy.scaler.scale(loss).backward()
+        strategy.sync_gradients()                   # overlap off: the exchange, after backward
+        strategy.scaler.step(opt); strategy.scaler.update()
+        strategy.after_optimizer_step()             # local SGD's model averaging
+        strategy.end_step()                         # counters; bucket autotune may re-wrap the model
+        strategy.finish(); strategy.report(opt, skip=3)
+    """
+
+    def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], ContextManager],
+                 scaler: torch.amp.GradScaler, meter: CommMeter, world: int, overlap: bool):
+        self.model, self.module, self.autocast, self.scaler, self.meter = model, module, autocast, scaler, meter
+        self.world, self.overlap = world, overlap
+        self.amp = False  # mixed precision on: outputs are cast back to float32 for the loss
+        self.post_backward: list[list[nn.Parameter]] = []  # overlap off: buckets exchanged after backward
+        self.averaging: ModelAveraging | None = None
+        self.tuner: BucketTuner | None = None
+        self.hook_state: Any = None
+        self.steps = 0
+        self._calls = 0  # all-reduce calls of the last step made by sync_gradients
+
+    # ---- the step's operations
+    def set_grad_sync(self, sync: bool, comm: bool = True) -> None:
+        """Whether the next forward/backward exchanges gradients (DDP's ``no_sync`` is this flag; set before forward).
+
+        ``comm`` False (the no-communication experiment) also stops DDP's buffer broadcast in forward.
+        """
+        self.model.require_backward_grad_sync = sync and self.overlap
+        self.model.require_forward_param_sync = comm
+
+    def no_sync(self) -> ContextManager:
+        """DDP's ``no_sync()``: forward and backward inside it accumulate gradients without an exchange."""
+        return self.model.no_sync()
+
+    def backward_done(self) -> None:
+        """Backward (and DDP's wait for its last bucket) returned: the meter notes the exposed wait."""
+        self.meter.backward_done()
+
+    def sync_gradients(self) -> int:
+        """Overlap off: average the gradients now, after backward; returns the all-reduce calls (0 with overlap)."""
+        if not self.post_backward:
+            return 0
+        t0 = time.perf_counter()
+        self._calls = allreduce_after_backward(self.post_backward, self.world)
+        self.meter.exposed(time.perf_counter() - t0)
+        return self._calls
+
+    def after_optimizer_step(self) -> None:
+        """After ``optimizer.step()`` and before ``zero_grad``: local SGD averages parameters every H steps."""
+        if self.averaging is not None:
+            self.averaging()
+
+    def end_step(self) -> None:
+        """Close the optimizer step: byte counters, and the bucket autotuner (it may re-wrap ``model``)."""
+        self.steps += 1
+        self.meter.end_step()
+        if self.tuner is not None and self.tuner.active:
+            self.tuner.after_step()
+
+    def finish(self) -> None:
+        """After the last step: local SGD's replicas are averaged into one model (collective)."""
+        if self.averaging is not None:
+            self.averaging.finish()
+
+    def calls_per_step(self) -> int:
+        """All-reduce calls per step: the buckets exchanged after backward, or DDP's own buckets."""
+        return len(self.post_backward) if self.post_backward else bucket_count(self.model)
+
+    # ---- state that must survive a restart
+    def state_dict(self) -> dict[str, Any]:
+        """Step counters of step-counting strategies (local SGD's warm-up and period)."""
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the counters: local SGD's hook and averager go on from the saved step."""
+        self.steps = int(state["steps"])
         inner = getattr(self.hook_state, "inner", None)
         if hasattr(inner, "start_localSGD_iter"):
-            inner.iter = step
-        if self.post_step is not None:
-            self.post_step.averager.step = step  # type: ignore[attr-defined]
+            inner.iter = self.steps
+        if self.averaging is not None:
+            self.averaging.averager.step = self.steps
+
+    def report(self, opt: torch.optim.Optimizer, skip: int, ablated: bool = False, calls: int | None = None
+               ) -> dict[str, Any]:
+        """The strategy's part of the run summary (collective: call on every rank)."""
+        from .report import strategy_summary
+        return strategy_summary(self, opt, skip, ablated, self.calls_per_step() if calls is None else calls)
 
 
-def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Prepared:
+Prepared = Strategy  # the name before the seam had operations
+
+
+def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Strategy:
     """The one place strategies are composed: device, DDP (fusion, overlap, comm hooks), local SGD, precision."""
     check_strategy(cfg, env.world_size, env.local_world_size)
     model = model.to(env.device)
@@ -63,9 +137,10 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Prepa
         if cfg.bucket_mb == "auto" else [float(cfg.bucket_mb)]
     ddp = apply_ddp(model, env, cfg, candidates[0])
     averaging = apply_local_sgd(model, env.world_size, cfg, meter)
-    p = Prepared(model=ddp, module=model, autocast=autocast, scaler=scaler, meter=meter,
-                 hook_state=hooks.register(ddp) if hooks else None, post_step=averaging,
-                 post_train=averaging.finish if averaging else None)
+    p = Strategy(ddp, model, autocast, scaler, meter, env.world_size, cfg.overlap)
+    p.hook_state = hooks.register(ddp) if hooks else None
+    p.averaging = averaging
+    p.amp = cfg.amp != "none"
     # Without overlap, the gradients are exchanged by the trainer after backward, in these buckets.
     p.post_backward = [] if cfg.overlap else grad_buckets(params, candidates[0])
     if not p.hook_state:  # DDP's built-in all-reduce: the step's volume from the gradient sizes, no hook

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import StrategyConfig
-from ..dist import DistEnv
+from ..distributed import DistEnv
 
 __all__ = ["apply_ddp", "allreduce_after_backward", "bucket_count", "grad_buckets"]
 

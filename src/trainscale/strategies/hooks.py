@@ -16,7 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_loca
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import StrategyConfig
-from ..dist import DistEnv
+from ..distributed import DistEnv
 from ..log import logger
 from .checks import node_size
 from .comm import CommMeter

@@ -73,10 +73,11 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     """Checks that need this machine (device, amp, checkpoint), made once before any rank starts."""
     from ..data import available_datasets, check_data
     from ..data.datasets import import_data_builder
-    from ..dist.env import resolve_backend, resolve_device
+    from ..distributed.env import resolve_backend, resolve_device
     from ..models import check_name
     from ..strategies import check_amp, check_strategy
     from .checkpoint import load_checkpoint
+    from .trainer import resolve_loss
 
     check_name(cfg.model.name)
     if ":" in cfg.data.name:
@@ -85,6 +86,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
         raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets())
                           + ", or a builder package.module:function")
     check_data(cfg.data)
+    resolve_loss(cfg.job.loss)
     device = resolve_device(cfg.job.device)
     world = args.nproc or 1  # the processes this command will start on this machine
     resolve_backend(cfg.job.backend, device, world)
@@ -110,7 +112,7 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale train``."""
-    from ..dist.env import is_launched
+    from ..distributed.env import is_launched
 
     args, cfg = parse(argv)
     if args.print_config:
@@ -119,7 +121,7 @@ def main(argv: list[str]) -> int:
     if not is_launched():
         preflight(args, cfg)
     if args.nproc and args.nproc > 1 and not is_launched():
-        from ..dist.launcher import LaunchFailed, LaunchSpec, launch
+        from ..distributed.launcher import LaunchFailed, LaunchSpec, launch
 
         spec = LaunchSpec(script="trainscale", module=True, args=["train", *_strip_nproc(argv)],
                           nproc_per_node=args.nproc, threads=cfg.job.threads, print_table=False)
@@ -127,32 +129,27 @@ def main(argv: list[str]) -> int:
             launch(spec)
         except LaunchFailed as e:
             print(f"trainscale train: {e}", file=sys.stderr)
-            return 1
+            return 2  # the exit code of every bad-input error
         return 0
     return _run_rank(args, cfg)
 
 
 def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
-    import gc
-
-    import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from ..dist import shutdown
+    from ..distributed import shutdown
+    from .run import RunError
     from .trainer import Trainer
 
     @record  # a failing rank's traceback reaches torchrun, which ends the other ranks and reports it
-    def run() -> None:
+    def run() -> int:
         try:
-            Trainer(cfg, resume=args.resume, json_path=args.json).fit()
-            # DDP's reducer sits in reference cycles; left to interpreter shutdown, Gloo's threads can outlive
-            # the tensors they hold and the rank aborts ("terminate called without an active exception", seen
-            # about once in 50 runs here). Free it now, and let no rank tear down while another still talks.
-            gc.collect()
-            if dist.is_initialized():
-                dist.barrier()
+            Trainer(cfg, resume=args.resume, json_path=args.json).fit()  # its run tears the group down
+        except (ConfigError, RunError) as e:  # bad input met only at run time (a loss that is not a scalar)
+            print(f"trainscale train: {e}", file=sys.stderr)
+            return 2  # the exit code of every bad-input error
         finally:
             shutdown()
+        return 0
 
-    run()
-    return 0
+    return run()

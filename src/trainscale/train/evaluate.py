@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "evaluate_batches"]
 
 
 @torch.no_grad()
@@ -33,3 +33,32 @@ def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tens
     module.train(was_training)
     loss, hits, n = sums.tolist()
     return (loss / n if n else float("nan")), (hits / n if n else float("nan")), int(n)
+
+
+@torch.no_grad()
+def evaluate_batches(module: nn.Module, batches: Iterable[Any], device: torch.device,
+                     autocast: Callable[[], ContextManager], loss_fn: Callable | None = None
+                     ) -> tuple[float, float, int]:
+    """Like ``evaluate`` for ``(input, target)`` batches and any loss: (mean loss, accuracy or nan, samples).
+
+    ``loss_fn(output, target)`` returns the batch mean; it is weighted by the batch size, so the global
+    mean is exact. Accuracy is counted when the output holds class scores for integer targets.
+    """
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    was_training = module.training
+    module.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x n, hits, n, n with accuracy
+    for x, y in batches:
+        with autocast():
+            out = module(x)
+        out = out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+        n = len(y)
+        sums[0] += loss_fn(out, y).double() * n
+        sums[2] += n
+        if torch.is_tensor(out) and out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
+            sums[1] += (out.argmax(1) == y).sum()
+            sums[3] += n
+    dist.all_reduce(sums)
+    module.train(was_training)
+    loss, hits, n, n_acc = sums.tolist()
+    return (loss / n if n else float("nan")), (hits / n_acc if n_acc else float("nan")), int(n)

@@ -20,23 +20,48 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..log import logger
+from ...log import logger
 
-__all__ = ["ComputeClock", "SleepCompute", "leaf_modules"]
+__all__ = ["ComputeClock", "SleepCompute", "SlowRank", "leaf_modules"]
 
 
 def _queue_callback(fn: Any) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
+class SlowRank:
+    """Fault injection (``job.slow_rank``): this rank's forward+backward made ``factor`` x slower by a sleep.
+
+    The sleep runs when the backward graph is done, before DDP's reducer waits for its all-reduces, so the
+    other ranks wait for this one as they would for a real straggler. Registered before the compute
+    clock's own callback, so the clock measures the slowed time like any other compute.
+    """
+
+    __slots__ = ("factor", "t0")
+
+    def __init__(self, factor: float):
+        self.factor, self.t0 = factor, 0.0
+
+    def start(self) -> None:
+        """Mark the start of a micro-step's forward."""
+        self.t0 = time.perf_counter()
+
+    def watch(self, loss: torch.Tensor) -> None:
+        """Sleep once ``loss``'s backward graph is done (call before ``backward``)."""
+        if loss.requires_grad:
+            loss.register_hook(lambda g: _queue_callback(self._sleep))
+
+    def _sleep(self) -> None:
+        time.sleep((time.perf_counter() - self.t0) * (self.factor - 1.0))
+
+
 class ComputeClock:
     """Forward + backward seconds of each step on this rank (CUDA events on GPUs, no host sync)."""
 
-    __slots__ = ("cuda", "factor", "t0", "spent", "times", "_pending", "_start_ev")
+    __slots__ = ("cuda", "t0", "spent", "times", "_pending", "_start_ev")
 
-    def __init__(self, device: torch.device, slow_factor: float = 1.0):
+    def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.factor = slow_factor  # > 1 only on the rank chosen by job.slow_rank (fault injection)
         self.t0, self.spent = 0.0, 0.0
         self.times: list[float] = []
         self._pending: list[tuple[Any, Any]] = []  # CUDA (start, end) events resolved at the end
@@ -59,9 +84,6 @@ class ComputeClock:
 
     def _on_graph_done(self) -> None:
         dt = time.perf_counter() - self.t0
-        if self.factor > 1.0:
-            time.sleep(dt * (self.factor - 1.0))
-            dt *= self.factor
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()

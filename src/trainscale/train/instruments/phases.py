@@ -14,14 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config
-from .summary import median_spread
+from ...config import PHASE_FLAGS, Config
+from ..summary import median_spread
 
-__all__ = ["PhasePlan", "PHASE_FLAGS", "local_phase_stats", "merge_phase_stats"]
+__all__ = ["PhasePlan", "StepMode", "local_phase_stats", "merge_phase_stats"]
 
-# phase -> (no_comm, no_data)
-PHASE_FLAGS: dict[str, tuple[bool, bool]] = {"base": (False, False), "no_data": (False, True),
-                                             "no_comm": (True, True)}
+@dataclass(frozen=True)
+class StepMode:
+    """What one optimizer step leaves out (a controlled experiment) and whether its time counts for its phase."""
+
+    no_comm: bool = False
+    no_data: bool = False
+    phase: str | None = None
+    timed: bool = False
+
+    @classmethod
+    def of_phase(cls, phase: str, timed: bool) -> "StepMode":
+        no_comm, no_data = PHASE_FLAGS[phase]
+        return cls(no_comm, no_data, phase, timed)
 
 
 @dataclass

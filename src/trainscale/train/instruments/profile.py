@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..log import logger
+from ...log import logger
 
 __all__ = ["OpProfiler", "MAX_PROFILED_STEPS"]
 

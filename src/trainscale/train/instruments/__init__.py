@@ -1,0 +1,133 @@
+"""Instruments: what a run measures and the controlled experiments it runs, outside the step's own code.
+
+Each instrument is built once, only when asked for, and none makes the host wait on the device
+inside a step: the step timer reads the host clock, the compute clock records CUDA events read at
+the end, the loss stays on the device until a log point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ...config import Config
+from .compute import ComputeClock, SleepCompute, SlowRank, leaf_modules
+from .phases import PhasePlan, StepMode, local_phase_stats, merge_phase_stats
+from .profile import OpProfiler
+
+__all__ = ["Instruments", "StepMode", "ComputeClock", "SleepCompute", "SlowRank", "OpProfiler", "PhasePlan",
+           "leaf_modules", "merge_phase_stats"]
+
+
+class Instruments:
+    """The run's instruments, driven by the run API at four points: batch taken, loss, step done, finish."""
+
+    def __init__(self, cfg: Config, rank: int, is_main: bool, device: torch.device, module: nn.Module,
+                 out_dir: Path):
+        self.cfg, self.device, self.out_dir, self.is_main = cfg, device, out_dir, is_main
+        a = cfg.ablate
+        self.clock = ComputeClock(device)
+        self.slow = SlowRank(cfg.job.slow_factor) if rank == cfg.job.slow_rank and cfg.job.slow_factor > 1 else None
+        self.sleep = SleepCompute(module, device) if a.compute == "sleep" else None
+        self.calib_steps = a.calibrate_steps if self.sleep and not a.sleep_times else 0
+        if self.sleep and a.sleep_times:
+            self.sleep.load(json.loads(Path(a.sleep_times).read_text()), device)
+        elif self.sleep:
+            self.sleep.start_calibration()
+        self.profiler = OpProfiler(device) if cfg.log.profile and is_main else None
+        if self.profiler and not cfg.log.skip_first + self.calib_steps:
+            self.profiler.start()
+        self.plan = PhasePlan.from_config(cfg)
+        self.warm = cfg.log.skip_first + self.calib_steps  # steps excluded from every timing
+        self.default_mode = StepMode(a.comm, a.data)
+        self.step_times: list[float] = []
+        self.waits: list[float] = []
+        self.marks: list[str | None] = []  # per measured step: its phase when timed, else None
+        self.artefacts: dict[str, Any] = {}
+        self.t_prev = time.perf_counter()
+        self._wait = 0.0
+
+    # ---- per step
+    def mode(self, step: int) -> StepMode:
+        """The experiment of optimizer step ``step`` (counted from this run's start)."""
+        i = step - self.warm
+        if self.plan is None or i < 0:
+            return self.default_mode
+        return StepMode.of_phase(*self.plan.at(i))
+
+    @property
+    def calibrating(self) -> bool:
+        """The sleep test is still timing modules (no gradient exchange meanwhile)."""
+        return self.sleep is not None and not self.sleep.installed
+
+    def data_wait(self, seconds: float) -> None:
+        self._wait += seconds
+
+    def forward_starts(self) -> None:
+        if self.slow is not None:
+            self.slow.start()
+        self.clock.start()
+
+    def watch(self, scaled_loss: torch.Tensor) -> None:
+        """Before ``backward``: the slowed rank's sleep first, then the clock, mark the end of the graph."""
+        if self.slow is not None:
+            self.slow.watch(scaled_loss)
+        self.clock.watch(scaled_loss)
+        if self.calibrating:
+            self.sleep.watch(scaled_loss)  # type: ignore[union-attr]
+
+    def step_done(self, step: int, mode: StepMode) -> None:
+        """Optimizer step ``step`` (1-based, from this run's start) has been issued."""
+        now = time.perf_counter()
+        measured = step > self.warm
+        self.clock.end_step(measured)
+        if measured:
+            self.step_times.append(now - self.t_prev)
+            self.waits.append(self._wait)
+            self.marks.append(mode.phase if mode.timed else None)
+            if self.profiler:
+                self.profiler.step_done()
+        elif step == self.warm and self.profiler:
+            self.profiler.start()
+        if self.calibrating:
+            self.sleep.end_step()  # type: ignore[union-attr]
+            if step >= self.calib_steps:
+                self.sleep.install()  # type: ignore[union-attr]
+                self.artefacts["sleep_times"] = self._write_sleep_times()
+        self._wait, self.t_prev = 0.0, now
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Work between steps that is not step time (evaluation, checkpoints)."""
+        try:
+            yield
+        finally:
+            self.t_prev = time.perf_counter()
+
+    # ---- end of the run
+    def finish(self, world_size: int) -> None:
+        """Real modules back (evaluation uses them) and the profile written."""
+        if self.sleep:
+            self.sleep.uninstall()
+        if self.profiler:
+            self.artefacts.update(self.profiler.write(self.out_dir, world_size))
+
+    def local_stats(self) -> tuple[Any, ...]:
+        """This rank's (compute median, compute spread, step median, wait median, phases) for the summary."""
+        from ..summary import median_spread
+        compute = self.clock.values()
+        phases = local_phase_stats(self.marks, self.step_times, self.waits, compute) if self.plan else {}
+        return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases)
+
+    def _write_sleep_times(self) -> str:
+        path = self.out_dir / "sleep_times.json"
+        if self.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.sleep.export()) + "\n")  # type: ignore[union-attr]
+        return str(path)
