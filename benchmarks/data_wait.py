@@ -68,11 +68,9 @@ class PlainTrainer(Trainer):
         super().__init__(cfg)
         self.root, self.plain_workers = root, workers
 
-    def _setup(self) -> None:
-        super()._setup()
-        self.loader.close()
+    def training_data(self) -> PlainLoader:
         c = self.cfg.data
-        self.loader = PlainLoader(self.root, c.image_size, c.batch_size, self.plain_workers)
+        return PlainLoader(self.root, c.image_size, c.batch_size, self.plain_workers)
 
 
 def run(trainer: Trainer) -> dict[str, Any]:

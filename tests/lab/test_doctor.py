@@ -3,6 +3,8 @@ false cause. Slow by nature (each doctor runs a dozen short jobs); small models,
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,22 @@ def test_clean_job_reports_no_false_cause(tmp_path):
     for c in doc["causes"]:
         if c["significant"]:
             assert c["low_s"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_a_busy_neighbour_is_named_with_its_pid_on_the_default_job(tmp_path):
+    """The default job (mlp on digits) beside a CPU-bound process: the doctor says who else used the cores."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = tmp_path / "doc"
+        r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--quick", "--out", str(out)], timeout=840, env=ENV)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert r.rc == 0, r.text
+    doc = read_json(out / "doctor.json")
+    assert any(p["pid"] == hog.pid for p in doc["external"]["top"]), doc["external"]
+    ext = [c for c in doc["causes"] if c["name"] == "external_load"]
+    assert ext and f"pid {hog.pid}" in ext[0]["evidence"], doc["causes"]
+    assert doc["config"]["threads_per_process"] == 1  # 1 and 2 processes compared with equal threads
+    assert "external_load" in r.out and doc["efficiency"] <= 1.0 or "Efficiency above 100%" in (out / "doctor.md").read_text()

@@ -14,7 +14,7 @@ from ..config import ConfigError, JobConfig
 from ..log import logger
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
-           "gather_env_rows", "is_launched", "shutdown"]
+           "gather_env_rows", "is_launched", "shutdown", "available_cores"]
 
 
 @dataclass
@@ -43,10 +43,14 @@ def is_launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_threads(local_processes: int) -> int:
     """This machine's cores shared among the processes on it (at least 1 each)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_processes))
+    return max(1, available_cores() // max(1, local_processes))
 
 
 def resolve_device(choice: str, local_rank: int = 0) -> torch.device:

@@ -31,7 +31,7 @@ from typing import Any
 
 from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
 
-__all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS"]
+__all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load"]
 
 CONFIGS: dict[str, list[str]] = {
     "base": [],
@@ -40,7 +40,7 @@ CONFIGS: dict[str, list[str]] = {
     "sleep": ["--ablate.data", "true", "--ablate.comm", "true", "--ablate.compute", "sleep"],
 }
 CAUSES = ("communication", "input", "compute_interference", "framework_overhead", "slow_operator", "straggler",
-          "threads")
+          "threads", "external_load")
 # Profiler rows that are communication or bookkeeping, not a model's operator.
 COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
             "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
@@ -114,12 +114,12 @@ def _cause(name: str, per_repeat: list[float], sources: list[list[float]], loss:
             "apply_flags": flags or {}, **extra}
 
 
-def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
-            profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
-            threads: dict[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    """Split the scaling loss of ``runs`` into ranked causes (see the module docstring).
+def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, Any], dict[str, Any]] | None,
+            threads: dict[int, list[dict[str, Any]]] | None, slow_rank: int | None = None
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every cause's size (median over repeats) with its normal-theory noise, and the loss; no verdicts yet.
 
-    ``ctx`` carries what suggestions need: bucket_mb, overlap, workers, slow_rank, available strategy fields.
+    ``slow_rank``: measure the straggler as that rank's signed gap (the bootstrap's replicates), not the largest.
     """
     from .suggest import suggest
 
@@ -135,7 +135,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     # each configuration at N; its growth from no_comm to base (a slow rank is slower still when loading and
     # communication share its cores) is moved out of input and communication into the straggler, so the
     # straggler counts its whole cost in the job as it runs and the terms still add up to the loss.
-    gap = {c: [max_rank_gap(s.get("rank_compute_s") or []) for s in runs[(c, n)][:R]]
+    gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]]
            for c in ("base", "no_data", "no_comm")}
     g = {c: [x[0] for x in v] for c, v in gap.items()}
     input_r = [(bn[i] - dn[i]) - (b1[i] - d1[i]) - (g["base"][i] - g["no_data"][i]) for i in range(R)]
@@ -197,7 +197,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
         f"forward+backward without data and communication: {_ms(median(c1))} ms/step at 1 vs {_ms(median(cn))} ms at "
         f"{n}" + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
         f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {base_n.get('threads')} at {n}",
-        *suggest("compute_interference", ctx)))
+        *suggest("compute_interference", ctx), uses_sleep=have_sleep))
     if threads:
         best_t, best = min(((t, median(job_step_time(s) for s in ss)) for t, ss in threads.items()),
                            key=lambda x: x[1])
@@ -206,6 +206,36 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
             "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
             f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
+    external_load(causes, ctx, n, base_n, runs[("base", 1)][0], loss)
+    return causes, {"loss": loss, "loss_noise": loss_noise, "loss_low": loss_low, "t1": t1, "tn": tn, "R": R}
+
+
+# Causes measured inside the phased runs: their intervals come from resampling those runs' cycles.
+BOOTSTRAPPED = ("input", "communication", "straggler", "compute_interference", "external_load")
+
+
+def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
+            profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
+            threads: dict[int, list[dict[str, Any]]] | None = None, replicates: int = 300) -> dict[str, Any]:
+    """Split the scaling loss of ``runs`` into ranked causes with intervals and verdicts (see the module docstring).
+
+    ``ctx`` carries what suggestions need (bucket_mb, overlap, workers, slow_rank, strategy fields) and
+    ``external``: what else loaded the machine while the runs went (``neighbours.LoadMonitor``).
+    """
+    from .bootstrap import bootstrap, interval, outlier_count, verdict
+
+    causes, tot = _causes(runs, n, ctx, profiles, threads)
+    loss, tn = tot["loss"], tot["tn"]
+    phased = any(p.get("rank_steps") for parts in runs.values() for p in parts)
+    boot: dict[str, list[float]] = {}
+    if phased and replicates:
+        worst = next(c["rank"] for c in causes if c["name"] == "straggler")
+
+        def estimate(rs: Runs) -> dict[str, float]:
+            cs, t = _causes(rs, n, ctx, profiles, threads, worst)
+            return {**{c["name"]: c["seconds_per_step"] for c in cs}, "_loss": t["loss"]}
+        boot = bootstrap(runs, estimate, replicates)
+    loss_low = interval(boot["_loss"])[0] if "_loss" in boot else tot["loss_low"]
     real_loss = math.isfinite(loss_low) and loss_low > 0
     # Each cause is judged against its own noise, in every repeat: the phases of a run are paired, but whole runs
     # can differ 3x in how slow their collectives are, so the spread of a cause's size over repeats says how
@@ -213,9 +243,49 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
     floor = min_share * (loss if real_loss else tn)
     for c in causes:
         v = c["seconds_per_step"]
-        c["significant"] = bool(math.isfinite(v) and c["low_s"] > 0 and v >= floor)
-    causes.sort(key=lambda c: (not c["significant"], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
-    return {"scaling_loss_s": loss, "scaling_loss_noise_s": loss_noise, "scaling_loss_significant": real_loss,
-            "step_time_1_s": t1, "step_time_n_s": tn, "nproc": n,
+        if c["name"] in BOOTSTRAPPED and c["name"] in boot and not c.get("uses_sleep"):
+            lo, hi, pp = interval(boot[c["name"]])
+            c.update(low_s=lo, noise_s=(hi - lo) / 2, interval_s=[lo, hi], p_positive=pp, method="bootstrap")
+        else:  # runs without phases (sleep test, thread counts, profiles): the normal-theory bound
+            pp = 1.0 if c["low_s"] > 0 else 0.5
+            c.update(interval_s=[c["low_s"], v + c["noise_s"]], p_positive=None, method="spread")
+        c["verdict"] = verdict(v, c["low_s"], pp, floor)
+        c["significant"] = c["verdict"] == "clear"
+    rank = {"clear": 0, "likely": 1, "undecided": 2, "no": 3}
+    causes.sort(key=lambda c: (rank[c["verdict"]], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
+    return {"scaling_loss_s": loss, "scaling_loss_noise_s": tot["loss_noise"], "scaling_loss_significant": real_loss,
+            "step_time_1_s": tot["t1"], "step_time_n_s": tn, "nproc": n,
             "efficiency": median(s["samples_per_s"] for s in runs[("base", n)]) /
-            (n * median(s["samples_per_s"] for s in runs[("base", 1)])), "repeats": R, "causes": causes}
+            (n * median(s["samples_per_s"] for s in runs[("base", 1)])), "repeats": tot["R"], "causes": causes,
+            "statistics": {"method": "bootstrap over whole cycles of phases" if boot else "normal-theory spread",
+                           "replicates": replicates if boot else 0, "level": 0.90,
+                           "outlier_steps": outlier_count(runs)}}
+
+
+def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_n: dict[str, Any],
+                  base_1: dict[str, Any], loss: float) -> None:
+    """Name what else used the machine when it took cores the job needed at N (not at 1).
+
+    The neighbour cannot be switched off as an experiment, so the doctor reasons from what it measured: when
+    the job's N processes x threads plus the outside load exceed the cores, compute at N slows because of the
+    neighbour; that slow-down, measured as compute interference, is the neighbour's, and is reported as such.
+    """
+    ext = ctx.get("external") or {}
+    cores, used = ext.get("machine_cores") or 0, ext.get("cores") or 0.0
+    if used < 0.25 or not cores:
+        return
+    need_n = n * (base_n.get("threads") or 1)
+    need_1 = base_1.get("threads") or 1
+    if need_n + used <= cores:
+        return
+    ci = next(c for c in causes if c["name"] == "compute_interference")
+    who = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in ext.get("top", [])[:3])
+    evidence = (f"outside the job, {used:.2f} of this machine's {cores} cores were busy while it ran: {who}; the job "
+                f"needs {need_n} at {n} processes ({need_1} at 1), so its processes shared cores with them")
+    ext_cause = {**ci, "name": "external_load", "evidence": evidence + f"; compute at {n} slowed by "
+                 f"{ci['seconds_per_step'] * 1e3:.2f} ms/step", "processes": ext.get("top", [])[:5],
+                 "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
+                               "or move the other work off this machine while training", "apply_flags": {}}
+    causes.append(ext_cause)
+    ci.update(seconds_per_step=0.0, per_repeat_s=[0.0] * len(ci["per_repeat_s"]), low_s=0.0, noise_s=0.0,
+              share=0.0, evidence=ci["evidence"] + " (counted under external_load)")

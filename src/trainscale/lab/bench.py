@@ -14,8 +14,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
-from .common import check_train_args, console, err_console, fmt, parse_nproc_list, write_json
+from .common import check_train_args, console, err_console, machine_description, parse_nproc_list, write_json
 from .report import figure, save, write_reports
 from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
@@ -171,17 +169,6 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
     write_reports(out, "report", "trainscale bench", blocks)
 
 
-def _machine() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        import torch
-        gpus = torch.cuda.device_count()
-        dev = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "no GPU"
-    except Exception:  # pragma: no cover
-        dev = "unknown accelerator"
-    return f"{platform.node()}, {cores} CPU cores, {dev}"
-
-
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale bench``."""
     argv, script = split_script(argv)
@@ -201,7 +188,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
-        "points": [], "runs": [], "commands": [], "error": None, "machine": _machine(),
+        "points": [], "runs": [], "commands": [], "error": None, "machine": machine_description(),
         "config": {"scaling": args.scaling, "repeat": args.repeat, "nproc": nprocs, "nnodes": args.nnodes,
                    "train_args": rest, "script": script, "model": cfg.model.name if not script else " ".join(script),
                    "data": cfg.data.name if not script else "user", "steps": cfg.job.steps,

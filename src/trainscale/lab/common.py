@@ -13,13 +13,32 @@ from rich.console import Console
 
 from ..config import Config, ConfigError
 
-__all__ = ["parse_nproc_list", "check_train_args", "to_overrides", "write_json", "console", "err_console", "fmt"]
+__all__ = ["parse_nproc_list", "check_train_args", "to_overrides", "write_json", "console", "err_console", "fmt",
+           "machine_description", "cores"]
 
 # Piped output (CI logs, subprocess capture) gets 120 columns instead of rich's 80, so tables do not wrap.
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 _RESERVED = ("--json", "--nproc", "--log.progress", "--print-config")
+
+
+def cores() -> int:
+    """Cores the lab's runs may use (the one core-count helper, from the distributed layer)."""
+    from ..distributed.env import available_cores
+    return available_cores()
+
+
+def machine_description() -> str:
+    """Host, cores and GPUs, for the reports' header."""
+    import platform
+    try:
+        import torch
+        gpus = torch.cuda.device_count()
+        dev = f"{gpus} x {torch.cuda.get_device_name(0)}" if gpus else "no GPU"
+    except Exception:  # pragma: no cover - a broken CUDA install must not stop a report
+        dev = "unknown accelerator"
+    return f"{platform.node()}, {cores()} CPU cores, {dev}"
 
 
 def parse_nproc_list(text: str) -> list[int]:

@@ -16,8 +16,9 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import math
-import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
 from .analysis import CONFIGS, analyse
-from .common import check_train_args, console, err_console, write_json
+from .common import check_train_args, console, cores, err_console, machine_description, write_json
 from .report import figure, save, write_reports
+from .neighbours import LoadMonitor
 from .runner import RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median
 from .suggest import context_from_config
@@ -54,10 +56,14 @@ def _parser() -> argparse.ArgumentParser:
                         "profiles or thread trials")
     p.add_argument("--min-share", type=float, default=0.05,
                    help="smallest share of the loss worth reporting (default 0.05)")
-    p.add_argument("--cycles", type=int, default=4,
-                   help="times each run cycles through its phases (default 4); the doctor sets job.steps from this")
+    p.add_argument("--cycles", type=int, default=6,
+                   help="times each run cycles through its phases (default 6; the bootstrap resamples these cycles); the doctor sets job.steps from this")
     p.add_argument("--phase-steps", type=int, default=8, help="steps per phase block (default 8)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take before it is ended")
+    p.add_argument("--budget", type=float, default=0.0,
+                   help="seconds the doctor may spend; it repeats the runs (up to 2 x --repeat) while a cause is "
+                        "only likely or undecided and time is left (default: 150 with --quick, 600 without; never fewer than 2 "
+                        "repeats)")
     return p
 
 
@@ -86,29 +92,29 @@ class _Lab:
         return parts if s.get("phases") else s
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _thread_candidates(current: int, n: int) -> list[int]:
-    cores = _cores()
-    return sorted({t for t in (1, max(1, cores // n), cores) if t != current})[:2]
+    c = cores()
+    return sorted({t for t in (1, max(1, c // n), c) if t != current})[:2]
 
 
 def _table(res: dict[str, Any]) -> Table:
     t = Table(title=f"trainscale doctor: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
                     f"(1 -> {res['nproc']} processes, efficiency {res['efficiency']:.0%})", title_justify="left")
     for col, j in (("#", "right"), ("cause", "left"), ("ms/step", "right"), ("share", "right"),
-                   ("noise ms", "right"), ("verdict", "left")):
+                   ("90% interval ms", "right"), ("verdict", "left")):
         t.add_column(col, justify=j)
     for i, c in enumerate(res["causes"], 1):
         v = c["seconds_per_step"]
         t.add_row(str(i) if c["significant"] else "-", c["name"] + (f" (rank {c['rank']})" if c["name"] ==
-                  "straggler" and c["significant"] else ""),
+                  "straggler" and c["verdict"] != "no" else ""),
                   f"{v * 1e3:+.3f}" if math.isfinite(v) else "-",
-                  f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", f"{c['noise_s'] * 1e3:.3f}",
-                  "significant" if c["significant"] else "not significant")
+                  f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", _interval_ms(c), c["verdict"])
     return t
+
+
+def _interval_ms(c: dict[str, Any]) -> str:
+    lo, hi = c.get("interval_s") or (float("nan"), float("nan"))
+    return f"{lo * 1e3:+.2f} .. {hi * 1e3:+.2f}" if math.isfinite(lo) and math.isfinite(hi) else "-"
 
 
 def _plots(res: dict[str, Any], lab_log: list[dict[str, Any]], out: Path, n: int) -> None:
@@ -135,22 +141,54 @@ def _plots(res: dict[str, Any], lab_log: list[dict[str, Any]], out: Path, n: int
     save(fig, out / PLOTS[1])
 
 
+def _superlinear(res: dict[str, Any]) -> str:
+    """An efficiency above 100% is never printed without saying what it can mean."""
+    if not res["efficiency"] > 1.0:
+        return ""
+    return (" Efficiency above 100%: N processes did more than N times the work of one. With equal threads per "
+            "process this is real only from cache effects (each process's share of the data fits a faster level); "
+            "otherwise the 1-process run was slowed by something the N-process runs escaped (see the outside load).")
+
+
+def _external_text(ext: dict[str, Any]) -> str:
+    top = ", ".join(f"{p['name']} (pid {p['pid']}) {p['cores']:.2f}" for p in ext.get("top", [])[:4]) or "none"
+    gpu = f"; other processes on the GPUs: {ext['gpu_users']}" if ext.get("gpu_users") else ""
+    return (f"Outside the job, while its runs went: {ext['cores']:.2f} of {ext['machine_cores']} cores busy "
+            f"(top: {top}){gpu}.")
+
+
+def _sureness(res: dict[str, Any]) -> str:
+    st = res.get("statistics", {})
+    undecided = [c["name"] for c in res["causes"] if c["verdict"] == "undecided"]
+    return (f"How sure: {st.get('method', '?')}, {st.get('replicates', 0)} replicates, {res['repeats']} repeat(s), "
+            f"{res.get('budget_used_s', 0):.0f} s of a {res.get('budget_s', 0):.0f} s budget; {st.get('outlier_steps', 0)} "
+            f"step(s) over 10x their phase's median (kept; medians ignore them). "
+            + (f"Undecided: {', '.join(undecided)}." if undecided else "No cause left undecided."))
+
+
 def _report(out: Path, doc: dict[str, Any]) -> None:
     res = doc if doc.get("result") else None
-    blocks: list[tuple] = [("p", f"Job: trainscale train {' '.join(doc['config']['train_args'])} ; 1 vs "
-                                 f"{doc['config']['nproc']} processes, {doc['config']['repeat']} run(s) per "
-                                 f"experiment. Machine: {doc['machine']}.")]
+    job = (" ".join(doc["config"]["script"]) if doc["config"].get("script") else
+           "trainscale train " + " ".join(doc["config"]["train_args"]))
+    blocks: list[tuple] = [("p", f"Job: {job} ; 1 vs {doc['config']['nproc']} processes with "
+                                 f"{doc['config'].get('threads_per_process', '?')} intra-op thread(s) each, "
+                                 f"{doc.get('repeats', doc['config']['repeat'])} run(s) per experiment. "
+                                 f"Machine: {doc['machine']}.")]
+    if doc.get("external"):
+        blocks.append(("p", _external_text(doc["external"])))
     if res:
         blocks += [("p", f"Step time {res['step_time_1_s'] * 1e3:.3f} ms at 1 process, {res['step_time_n_s'] * 1e3:.3f}"
                          f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
-                         f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."),
+                         f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."
+                         + _superlinear(res)),
                    ("h2", "Verdict"),
-                   ("table", ["#", "cause", "ms/step", "share of loss", "noise (ms)", "per repeat (ms)", "significant",
-                              "evidence"],
+                   ("table", ["#", "cause", "ms/step", "share of loss", "90% interval (ms)", "per repeat (ms)",
+                              "verdict", "evidence"],
                     [[i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
-                      f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", f"{c['noise_s'] * 1e3:.3f}",
-                      ", ".join(f"{v * 1e3:+.2f}" for v in c["per_repeat_s"]), "yes" if c["significant"] else "no",
+                      f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", _interval_ms(c),
+                      ", ".join(f"{v * 1e3:+.2f}" for v in c["per_repeat_s"]), c["verdict"],
                       c["evidence"]] for i, c in enumerate(res["causes"], 1)]),
+                   ("p", _sureness(res)),
                    ("h2", "Suggestions"),
                    ("table", ["cause", "suggestion"],
                     [[c["name"], c["suggestion"]] for c in res["causes"] if c["significant"]] or
@@ -163,13 +201,16 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
     blocks += [("h2", "How to read this"),
-               ("p", "Each run is a plain trainscale train command (listed below) whose blocks of steps cycle through "
-                     "the experiments (--ablate.phases), so their differences are paired inside the run. Differences "
-                     "telescope: input + communication + compute + framework = T_N - T_1. A cause's noise is twice "
-                     "the standard error of the medians it is computed from (each phase's own step-to-step spread), "
-                     "the largest over repeats. It is significant only when every repeat exceeds its noise and it is "
-                     "at least the minimum share of the loss (of the N-process step time when the loss itself is not "
-                     "significant). How much its size varies between repeats is in the per-repeat column."),
+               ("p", "Each run is a plain command (listed below) whose blocks of steps cycle through the experiments "
+                     "(--ablate.phases), so their differences are paired inside the run. Differences telescope: "
+                     "input + communication + compute + framework = T_N - T_1. Every process count runs with the same "
+                     "intra-op threads per process, so 1 and N compare like with like. A cause's interval is the "
+                     "central 90% of its values over runs resampled by whole cycles of phases (a block bootstrap: "
+                     "valid for skewed, autocorrelated step times; medians keep a 10x step from moving it). Verdict: "
+                     "clear (the interval excludes zero), likely (80% of resamples above zero), undecided (large "
+                     "enough to matter, too noisy to tell: more repeats or a longer --budget may decide it), no "
+                     "(below the minimum share of the loss). How much its size varies between repeats is in the "
+                     "per-repeat column."),
                ("h2", "Runs"), ("pre", "\n".join(r["command"] for r in doc["runs"]))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
 
@@ -202,8 +243,6 @@ def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int, phased: list[str
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale doctor``."""
-    from .bench import _machine
-
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     if args.nproc < 2:
@@ -216,29 +255,54 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--phase-steps", args.phase_steps, "must be >= 2 (the first step of a block is not timed)")
     cfg = check_train_args(rest)
     n, R = args.nproc, args.repeat
+    budget = args.budget or (150.0 if args.quick else 600.0)
+    # Like for like: 1 and N processes get the same intra-op threads each (the N-process default), unless the
+    # user chose; thread counts are compared only in their own experiment.
+    threads = cfg.job.threads or max(1, cores() // n)
+    if not cfg.job.threads:
+        rest = [*rest, "--job.threads", str(threads)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = context_from_config(cfg)
     doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
-                           "machine": _machine(), "config": {"nproc": n, "repeat": R, "train_args": rest,
-                                                             "script": script, "train": config_to_dict(cfg)}}
+                           "machine": machine_description(), "config": {
+                               "nproc": n, "repeat": R, "train_args": rest, "script": script,
+                               "threads_per_process": threads, "budget_s": budget, "train": config_to_dict(cfg)}}
     first = ("base", "no_data", "no_comm")
     steps = cfg.log.skip_first + args.cycles * len(first) * args.phase_steps
     phased = ["--ablate.phases", ",".join(first), "--ablate.phase_steps", str(args.phase_steps),
               "--steps", str(steps)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    profiles = threads = None
+    profiles = thread_runs = None
+    t_start = time.monotonic()
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+                  console=err_console, transient=True) as bar, LoadMonitor() as load:
         task = bar.add_task("", total=2 * R)
         lab = _Lab(out, rest, args.timeout, bar, task, script)
-        try:
+
+        def one_repeat(r: int) -> None:
             # Alternating sizes, so that a drift of the machine hits both alike; the phases inside a run are paired.
-            for r in range(R):
-                for k in (1, n):
-                    for name, part in lab.run("phases", k, phased, r).items():
-                        runs.setdefault((name, k), []).append(part)
-            res = analyse(runs, n, ctx, args.min_share)
+            for k in (1, n):
+                for name, part in lab.run("phases", k, phased, r).items():
+                    runs.setdefault((name, k), []).append(part)
+
+        def analysed(**kw: Any) -> dict[str, Any]:
+            return analyse(runs, n, {**ctx, "external": load.report()}, args.min_share, **kw)
+
+        try:
+            r = 0
+            while r < max(2, R) and (r < 2 or time.monotonic() - t_start < budget):
+                one_repeat(r)
+                r += 1
+            res = analysed()
+            # Sequential repeats: measure on while a cause stays undecided and the budget allows.
+            while (any(c["verdict"] in ("undecided", "likely") for c in res["causes"]) and r < 2 * max(2, R)
+                   and time.monotonic() - t_start + (time.monotonic() - t_start) / r < budget):
+                bar.update(task, total=bar.tasks[0].total + 2)
+                one_repeat(r)
+                r += 1
+                res = analysed()
+            R = r
             compute_side = next(c for c in res["causes"] if c["name"] == "compute_interference")
             straggler = next(c for c in res["causes"] if c["name"] == "straggler")
             if not args.quick and (compute_side["significant"] or straggler["significant"]):
@@ -255,11 +319,12 @@ def main(argv: list[str]) -> int:
                 prof = []
                 for k in (1, n):
                     s = lab.run("profile", k, ["--profile", "--job.out", str(out / "runs" / f"profile_n{k}")], 0)
-                    prof.append(__import__("json").loads(Path(s["profile_json"]).read_text()))
+                    prof.append(json.loads(Path(s["profile_json"]).read_text()))
                 profiles = (prof[0], prof[1])
-                threads = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r) for r in range(R)]
-                           for t in cands}
-                res = analyse(runs, n, ctx, args.min_share, profiles, threads)
+                thread_runs = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r) for r in range(R)]
+                               for t in cands}
+                res = analysed(profiles=profiles, threads=thread_runs)
+            res.update(budget_s=budget, budget_used_s=time.monotonic() - t_start, repeats=R)
             doc.update(res)
             doc["result"] = True
             if args.apply:
@@ -268,6 +333,7 @@ def main(argv: list[str]) -> int:
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
+    doc["external"] = load.report()
     write_json(out / "doctor.json", doc)
     if doc.get("result"):
         _plots(doc, lab.log, out, n)

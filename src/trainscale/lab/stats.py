@@ -56,11 +56,15 @@ def rank_gap_se(summary: dict[str, Any], worst: int) -> float:
     return math.sqrt(se[worst] ** 2 + statistics.median(others) ** 2)
 
 
-def max_rank_gap(values: list[float]) -> tuple[float, int]:
-    """(slowest rank's value - the median of the others, slowest rank): how far one rank trails."""
+def max_rank_gap(values: list[float], rank: int | None = None) -> tuple[float, int]:
+    """(slowest rank's value - the median of the others, slowest rank): how far one rank trails.
+
+    ``rank`` fixes the rank compared (a signed gap, which can be negative): the bootstrap asks whether *that*
+    rank is slower, since the largest of several equal ranks' noisy values is always above the others.
+    """
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if len(vals) < 2:
         return 0.0, 0
-    worst = max(range(len(vals)), key=lambda i: vals[i])
+    worst = max(range(len(vals)), key=lambda i: vals[i]) if rank is None or rank >= len(vals) else rank
     others = vals[:worst] + vals[worst + 1:]
     return vals[worst] - statistics.median(others), worst

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .ddp import bucket_count
 from .zero import optimizer_state_bytes
 
 if TYPE_CHECKING:

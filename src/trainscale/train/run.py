@@ -146,6 +146,10 @@ class Run:
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
         """trainscale's loader over ``data`` (Dataset or DataLoader): this rank's shard, prefetched to the device."""
         if isinstance(data, TrainLoader) or hasattr(data, "state_dict") and hasattr(data, "__next__"):
+            if data not in self.loaders:  # a ready loader (ours, or one with the same interface): used as it is
+                self.loaders.append(data)
+                bs = getattr(data, "batch_size", None) or self.cfg.data.batch_size
+                self.global_batch = bs * self.env.world_size * self.accum
             return data
         d = self.cfg.data
         kw: dict[str, Any] = {}
@@ -355,9 +359,12 @@ class Run:
     def _teardown(self, barrier: bool) -> None:
         self._finished = True
         # DDP's reducer sits in reference cycles; left to interpreter shutdown, Gloo's threads can outlive the
-        # tensors they hold and the rank aborts ("terminate called without an active exception"). Free it now,
-        # and let no rank tear down while another still talks.
-        self.strategy = None
+        # tensors they hold and the rank aborts ("terminate called without an active exception"). Free it now
+        # (the user's prepared model keeps working, on the plain module), and let no rank tear down while
+        # another still talks.
+        if self.strategy is not None:
+            self.strategy.model = self.strategy.module
+            self.strategy.tuner = None
         gc.collect()
         if dist.is_available() and dist.is_initialized():
             if barrier:

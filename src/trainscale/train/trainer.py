@@ -17,7 +17,7 @@ from ..data import DataInfo, build_datasets, eval_batches
 from ..distributed import DistEnv
 from ..models import build_model, import_callable
 from .evaluate import evaluate
-from .run import Run, init
+from .run import init
 from .schedule import lr_at
 
 __all__ = ["Trainer", "prepare", "build_optimizer", "resolve_loss"]
@@ -102,7 +102,7 @@ class Trainer:
         loss_fn = resolve_loss(cfg.job.loss)
         model = model.to(run.device)
         opt = build_optimizer(model.parameters(), cfg)
-        model, opt, loader = run.prepare(model, opt, self.train_data, data_info=self.info)
+        model, opt, loader = run.prepare(model, opt, self.training_data(), data_info=self.info)
         if self.resume:
             run.load(self.resume)
         self.run, self.model = run, model  # the prepared model stays readable after fit()
@@ -124,6 +124,10 @@ class Trainer:
             self._checkpoint(final=True)
         name = cfg.model.name if self.user_model is None else type(self.user_model).__name__
         return run.finish({"model": name, "data": data_name})
+
+    def training_data(self) -> Any:
+        """What the run loads training batches from: the data set (a subclass may hand over a loader instead)."""
+        return self.train_data
 
     def _evaluate(self) -> tuple[float, float, int]:
         run, cfg = self.run, self.cfg

@@ -49,6 +49,7 @@ class Instruments:
         self.step_times: list[float] = []
         self.waits: list[float] = []
         self.marks: list[str | None] = []  # per measured step: its phase when timed, else None
+        self.cycles: list[int] = []  # per measured step: its pass through the phases
         self.artefacts: dict[str, Any] = {}
         self.t_prev = time.perf_counter()
         self._wait = 0.0
@@ -91,6 +92,7 @@ class Instruments:
             self.step_times.append(now - self.t_prev)
             self.waits.append(self._wait)
             self.marks.append(mode.phase if mode.timed else None)
+            self.cycles.append(mode.cycle)
             if self.profiler:
                 self.profiler.step_done()
         elif step == self.warm and self.profiler:
@@ -122,7 +124,7 @@ class Instruments:
         """This rank's (compute median, compute spread, step median, wait median, phases) for the summary."""
         from ..summary import median_spread
         compute = self.clock.values()
-        phases = local_phase_stats(self.marks, self.step_times, self.waits, compute) if self.plan else {}
+        phases = local_phase_stats(self.marks, self.step_times, self.waits, compute, self.cycles) if self.plan else {}
         return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases)
 
     def _write_sleep_times(self) -> str:

@@ -27,11 +27,12 @@ class StepMode:
     no_data: bool = False
     phase: str | None = None
     timed: bool = False
+    cycle: int = -1  # which pass through the phases (the lab resamples whole cycles: a paired, blocked design)
 
     @classmethod
-    def of_phase(cls, phase: str, timed: bool) -> "StepMode":
+    def of_phase(cls, phase: str, timed: bool, cycle: int) -> "StepMode":
         no_comm, no_data = PHASE_FLAGS[phase]
-        return cls(no_comm, no_data, phase, timed)
+        return cls(no_comm, no_data, phase, timed, cycle)
 
 
 @dataclass
@@ -52,32 +53,40 @@ class PhasePlan:
         buffered = 1 + cfg.data.prefetch + 2 * cfg.data.workers
         return cls(names, cfg.ablate.phase_steps, min(buffered, cfg.ablate.phase_steps // 2))
 
-    def at(self, i: int) -> tuple[str, bool]:
-        """(phase, timed) of the i-th step after warm-up."""
-        return self.names[(i // self.block) % len(self.names)], i % self.block >= self.settle
+    def at(self, i: int) -> tuple[str, bool, int]:
+        """(phase, timed, cycle) of the i-th step after warm-up."""
+        return (self.names[(i // self.block) % len(self.names)], i % self.block >= self.settle,
+                i // (self.block * len(self.names)))
 
 
 def local_phase_stats(marks: list[str | None], step_times: list[float], waits: list[float],
-                      compute: list[float]) -> dict[str, tuple[float, ...]]:
-    """This rank's (compute median, compute spread, step median, step spread, steps, step s, wait s) per phase."""
+                      compute: list[float], cycles: list[int]) -> dict[str, tuple[Any, ...]]:
+    """This rank's per phase: (compute median, compute spread, step median, step spread, steps, step s, wait s,
+    per-step [cycle, step s, compute s, wait s] rows)."""
     out = {}
     for name in dict.fromkeys(m for m in marks if m):
         idx = [i for i, m in enumerate(marks) if m == name]
         steps = [step_times[i] for i in idx]
         med, spread = median_spread(steps)
         comp = median_spread([compute[i] for i in idx if i < len(compute)])
-        out[name] = (*comp, med, spread, len(idx), sum(steps), sum(waits[i] for i in idx))
+        rows = [[cycles[i], step_times[i], compute[i] if i < len(compute) else float("nan"), waits[i]] for i in idx]
+        out[name] = (*comp, med, spread, len(idx), sum(steps), sum(waits[i] for i in idx), rows)
     return out
 
 
 def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int) -> dict[str, dict[str, Any]]:
-    """Per-phase fields shaped like the run summary's own (rank 0's median and spread, per-rank lists)."""
+    """Per-phase fields shaped like the run summary's own (rank 0's median and spread, per-rank lists).
+
+    ``rank_steps`` keeps every rank's timed steps as [cycle, step s, compute s, data wait s] rows, so the lab
+    can resample whole cycles (its bootstrap) instead of trusting a normal-theory spread.
+    """
     out: dict[str, dict[str, Any]] = {}
-    for name, (_, _, med, spread, n, total, wait) in per_rank[0].items():
+    for name, (_, _, med, spread, n, total, wait, _rows) in per_rank[0].items():
         out[name] = {"step_time_s": med, "step_time_spread": spread, "measured_steps": n,
                      "samples_per_s": n * global_batch / total if total else float("nan"),
                      "data_wait_frac": wait / total if total else float("nan"),
                      "rank_compute_s": [r[name][0] for r in per_rank],
                      "rank_compute_spread": [r[name][1] for r in per_rank],
-                     "rank_step_time_s": [r[name][2] for r in per_rank]}
+                     "rank_step_time_s": [r[name][2] for r in per_rank],
+                     "rank_steps": [r[name][7] for r in per_rank]}
     return out

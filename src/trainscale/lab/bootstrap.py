@@ -1,0 +1,106 @@
+"""Intervals that hold on a noisy machine: the doctor's causes, re-estimated on runs resampled by whole cycles.
+
+Step times on a shared VM are skewed (a step can take 10x the median), autocorrelated (a slow minute slows
+many steps in a row) and switch between modes, so a normal-theory standard error from a p10-p90 spread is
+wrong in both directions. The doctor's runs interleave their phases in blocks (``ablate.phases``); one pass
+through every phase is a *cycle*. Resampling whole cycles with replacement (a moving-block bootstrap whose
+blocks are the design's own) keeps the pairing of phases inside a cycle and the dependence inside a block,
+and medians keep a single 10x step from moving anything.
+
+A resampled run is the same summary with each phase's per-rank medians recomputed from the resampled steps;
+the doctor's arithmetic (``analysis``) runs unchanged on it, so every cause gets a distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import Counter
+from typing import Any, Callable
+
+__all__ = ["resample_runs", "interval", "verdict", "outlier_count", "PHASE_KEYS"]
+
+PHASE_KEYS = ("base", "no_data", "no_comm")
+Runs = dict[tuple[str, int], list[dict[str, Any]]]
+
+
+def _cycles(part: dict[str, Any]) -> list[int]:
+    rows = (part.get("rank_steps") or [[]])[0]
+    return sorted({int(r[0]) for r in rows})
+
+
+def _resampled_part(part: dict[str, Any], weights: Counter) -> dict[str, Any]:
+    """The phase summary with per-rank medians over the resampled cycles (``weights``: cycle -> times drawn)."""
+    ranks = part.get("rank_steps")
+    if not ranks:
+        return part
+    steps, comps = [], []
+    for rows in ranks:
+        s = [r[1] for r in rows for _ in range(weights.get(int(r[0]), 0))]
+        c = [r[2] for r in rows for _ in range(weights.get(int(r[0]), 0)) if math.isfinite(r[2])]
+        steps.append(statistics.median(s) if s else float("nan"))
+        comps.append(statistics.median(c) if c else float("nan"))
+    return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0]}
+
+
+def resample_runs(runs: Runs, rng: random.Random) -> Runs:
+    """One bootstrap replicate: every phased run's cycles drawn with replacement, all its phases alike."""
+    out: Runs = {key: list(parts) for key, parts in runs.items()}
+    n_rep = {k: len(v) for k, v in runs.items()}
+    for k in {k for (_, k) in runs}:
+        for r in range(max((n_rep.get((p, k), 0) for p in PHASE_KEYS), default=0)):
+            parts = [runs[(p, k)][r] for p in PHASE_KEYS if r < n_rep.get((p, k), 0)]
+            cycles = sorted({c for part in parts for c in _cycles(part)})
+            if not cycles:
+                continue
+            weights = Counter(rng.choice(cycles) for _ in cycles)
+            for p in PHASE_KEYS:
+                if r < n_rep.get((p, k), 0):
+                    out[(p, k)][r] = _resampled_part(runs[(p, k)][r], weights)
+    return out
+
+
+def interval(values: list[float], level: float = 0.90) -> tuple[float, float, float]:
+    """(low, high, share above zero) of bootstrap replicates: the central ``level`` percentile interval."""
+    vals = sorted(v for v in values if math.isfinite(v))
+    if not vals:
+        return float("nan"), float("nan"), float("nan")
+    a = (1 - level) / 2
+    lo = vals[int(math.floor(a * (len(vals) - 1) + 1e-9))]
+    hi = vals[int(math.ceil((1 - a) * (len(vals) - 1) - 1e-9))]
+    return lo, hi, sum(v > 0 for v in vals) / len(vals)
+
+
+def verdict(value: float, low: float, p_positive: float, floor: float) -> str:
+    """A plain word: ``clear`` (the interval excludes zero), ``likely`` (>= 80% of replicates above zero),
+    ``undecided`` (big enough to matter, too noisy to say), ``no`` (smaller than the floor worth reporting)."""
+    if not math.isfinite(value) or value < floor or value <= 0:
+        return "no"
+    if math.isfinite(low) and low > 0:
+        return "clear"
+    return "likely" if p_positive >= 0.8 else "undecided"
+
+
+def outlier_count(runs: Runs, factor: float = 10.0) -> int:
+    """Steps that took more than ``factor`` x their phase's median (kept, but unable to move a median)."""
+    n = 0
+    for parts in runs.values():
+        for part in parts:
+            for rows in part.get("rank_steps") or []:
+                times = [r[1] for r in rows]
+                if times:
+                    m = statistics.median(times)
+                    n += sum(t > factor * m for t in times)
+    return n
+
+
+def bootstrap(runs: Runs, estimate: Callable[[Runs], dict[str, float]], replicates: int = 300,
+              seed: int = 0) -> dict[str, list[float]]:
+    """Each cause's replicate values: ``estimate`` applied to ``replicates`` resampled copies of ``runs``."""
+    rng = random.Random(seed)
+    out: dict[str, list[float]] = {}
+    for _ in range(replicates):
+        for name, v in estimate(resample_runs(runs, rng)).items():
+            out.setdefault(name, []).append(v)
+    return out

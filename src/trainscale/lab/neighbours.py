@@ -1,0 +1,96 @@
+"""What else uses the machine while the doctor's runs go: CPU time of processes outside the job, GPU users.
+
+Sampled from ``psutil`` (and NVML through ``nvidia-ml-py`` when installed) by a background thread: each
+process's CPU seconds between the first and last sight of it, over the wall time watched, in cores. The
+lab's own process tree (the launcher and every rank it started) is the job and is left out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["LoadMonitor"]
+
+
+class LoadMonitor:
+    """``with LoadMonitor() as m: ...`` then ``m.report()``: cores used outside this process tree, by whom."""
+
+    def __init__(self, interval_s: float = 0.5, min_cores: float = 0.05):
+        self.interval_s, self.min_cores = interval_s, min_cores
+        self._first: dict[int, tuple[float, str]] = {}  # pid -> (cpu s at first sight, name)
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.t0 = self.t1 = 0.0
+        self.gpu_users: list[dict[str, Any]] = []
+
+    def __enter__(self) -> "LoadMonitor":
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="trainscale-load-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.t1 = time.monotonic()
+
+    def _ours(self) -> set[int]:
+        import psutil
+        me = psutil.Process()
+        pids = {me.pid}
+        try:
+            pids |= {c.pid for c in me.children(recursive=True)}
+        except psutil.Error:
+            pass
+        return pids
+
+    def _sample(self) -> None:
+        import psutil
+        ours = self._ours()
+        for p in psutil.process_iter(["pid", "name", "cpu_times"]):
+            info = p.info
+            if info["pid"] in ours or info["cpu_times"] is None:
+                continue
+            cpu = info["cpu_times"].user + info["cpu_times"].system
+            self._first.setdefault(info["pid"], (cpu, info["name"] or "?"))
+            self._last[info["pid"]] = cpu
+
+    def _run(self) -> None:
+        try:
+            import psutil  # noqa: F401  (a core dependency; an odd install without it reports no outside load)
+        except ImportError:
+            return
+        self._gpu()
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval_s):
+                self._sample()
+                return
+
+    def _gpu(self) -> None:
+        """Processes on this machine's GPUs that are not ours (NVML, when nvidia-ml-py is installed)."""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+        except Exception:  # noqa: BLE001 - no NVML, no GPU: nothing to report
+            return
+        ours = self._ours()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if proc.pid not in ours:
+                    self.gpu_users.append({"gpu": i, "pid": proc.pid, "memory_mb": (proc.usedGpuMemory or 0) / 2**20})
+
+    def report(self) -> dict[str, Any]:
+        """``{"cores": outside load in cores, "machine_cores": N, "top": [{pid, name, cores}], "gpu_users": [...]}``."""
+        wall = max(1e-9, (self.t1 or time.monotonic()) - self.t0)
+        rows = [{"pid": pid, "name": name, "cores": (self._last.get(pid, first) - first) / wall}
+                for pid, (first, name) in self._first.items()]
+        rows = sorted((r for r in rows if r["cores"] >= self.min_cores), key=lambda r: -r["cores"])
+        from .common import cores
+        return {"cores": sum(r["cores"] for r in rows), "machine_cores": cores(), "top": rows[:8],
+                "gpu_users": self.gpu_users, "seconds": wall}

@@ -1,0 +1,103 @@
+"""The doctor's statistics on synthetic runs with known answers: heavy tails, regime switches, outliers."""
+
+from __future__ import annotations
+
+import random
+
+from trainscale.lab.analysis import analyse
+from trainscale.lab.bootstrap import interval, resample_runs, verdict
+
+PHASES = ("base", "no_data", "no_comm")
+
+
+def run(k: int, cost: dict[str, float], rng: random.Random, cycles: int = 6, block: int = 5, tail: float = 0.0,
+        switch: bool = False, ranks: int = 2) -> dict[tuple[str, int], dict]:
+    """A phased run: each step = its phase's cost x a regime factor (two modes, switching between cycles when
+    ``switch``) x log-normal noise, plus a heavy-tailed outlier with probability ``tail``."""
+    parts = {}
+    for ph in PHASES:
+        per_rank = []
+        for _ in range(ranks):
+            rows = []
+            for c in range(cycles):
+                regime = 2.0 if switch and c % 2 else 1.0  # the VM's slow mode, whole cycles at a time
+                for _ in range(block):
+                    t = cost[ph] * regime * rng.lognormvariate(0, 0.15)
+                    if rng.random() < tail:
+                        t *= 10 + 40 * rng.random()
+                    rows.append([c, t, 0.6 * t, 0.0])
+            per_rank.append(rows)
+        meds = [sorted(r[1] for r in rows)[len(rows) // 2] for rows in per_rank]
+        parts[(ph, k)] = {"step_time_s": meds[0], "step_time_spread": 0.5, "measured_steps": len(per_rank[0]),
+                          "samples_per_s": 32 / meds[0], "rank_step_time_s": meds,
+                          "rank_compute_s": [0.6 * m for m in meds], "rank_steps": per_rank,
+                          "rank_compute_spread": [0.5] * ranks, "data_wait_frac": 0.1, "threads": 1,
+                          "allreduce_calls_per_step": 1, "bucket_mb": 25.0, "overlap": True}
+    return parts
+
+
+def runs_for(cost1, costn, repeats=2, seed=0, **kw):
+    rng = random.Random(seed)
+    out: dict = {}
+    for _ in range(repeats):
+        for k, cost in ((1, cost1), (2, costn)):
+            for key, part in run(k, cost, rng, **kw).items():
+                out.setdefault(key, []).append(part)
+    return out
+
+
+CTX = {"bucket_mb": 25.0, "overlap": True, "workers": 0, "slow_rank": -1, "sample_delay_ms": 0.0}
+ONE = {"base": 0.010, "no_data": 0.010, "no_comm": 0.010}
+INPUT_N = {"base": 0.016, "no_data": 0.010, "no_comm": 0.010}  # 6 ms/step of input at N, nothing else
+
+
+def causes(res):
+    return {c["name"]: c for c in res["causes"]}
+
+
+def test_a_planted_input_cause_is_clear_with_heavy_tails_and_regime_switches():
+    for kw in ({}, {"tail": 0.05}, {"switch": True}, {"tail": 0.05, "switch": True}):
+        res = analyse(runs_for(ONE, INPUT_N, **kw), 2, CTX, replicates=200)
+        c = causes(res)
+        assert res["causes"][0]["name"] == "input" and c["input"]["verdict"] == "clear", (kw, res["causes"][:2])
+        lo, hi = c["input"]["interval_s"]
+        v = c["input"]["seconds_per_step"]
+        # 6 ms planted (12 ms in the slow mode's cycles); 10x outliers nudge medians a little, never by an outlier
+        assert lo > 0.003 and (0.0048 < v < 0.0132 if kw.get("switch") else abs(v - 0.006) < 0.0015), (kw, v, lo)
+        assert c["communication"]["verdict"] in ("no", "undecided")  # no planted exchange cost
+
+
+def test_a_clean_job_gets_no_clear_cause():
+    res = analyse(runs_for(ONE, ONE, tail=0.05, switch=True, seed=3), 2, CTX, replicates=200)
+    assert not [c["name"] for c in res["causes"] if c["verdict"] == "clear"], res["causes"]
+    assert res["statistics"]["outlier_steps"] > 0  # counted and reported, not silently averaged in
+
+
+def test_resampling_keeps_pairs_and_draws_whole_cycles():
+    runs = runs_for(ONE, INPUT_N, repeats=1)
+    rs = resample_runs(runs, random.Random(1))
+    base, nodata = rs[("base", 2)][0], rs[("no_data", 2)][0]
+    assert base["rank_step_time_s"] != runs[("base", 2)][0]["rank_step_time_s"]  # something was resampled
+    assert base["rank_steps"] is runs[("base", 2)][0]["rank_steps"]  # the raw rows are kept, medians recomputed
+    assert nodata["rank_step_time_s"][0] < base["rank_step_time_s"][0]  # the pairing holds within a replicate
+
+
+def test_interval_and_verdict_words():
+    lo, hi, p = interval([float(v) for v in range(-10, 91)])
+    assert (lo, hi, p) == (-5.0, 85.0, 90 / 101)
+    assert verdict(1.0, 0.2, 1.0, 0.1) == "clear"
+    assert verdict(1.0, -0.2, 0.85, 0.1) == "likely"
+    assert verdict(1.0, -0.5, 0.6, 0.1) == "undecided"
+    assert verdict(0.05, 0.01, 1.0, 0.1) == "no"
+
+
+def test_a_neighbour_that_takes_the_jobs_cores_is_named_with_its_pid():
+    slow_compute = {"base": 0.016, "no_data": 0.016, "no_comm": 0.016}  # everything at N slower: contention
+    ctx = {**CTX, "external": {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}}
+    res = analyse(runs_for(ONE, slow_compute), 2, ctx, replicates=200)
+    top = res["causes"][0]
+    assert top["name"] == "external_load" and top["verdict"] == "clear" and "pid 4242" in top["evidence"]
+    assert causes(res)["compute_interference"]["seconds_per_step"] == 0.0  # moved, not counted twice
+    quiet = analyse(runs_for(ONE, slow_compute), 2, {**CTX, "external": {"cores": 0.0, "machine_cores": 2}},
+                    replicates=100)
+    assert "external_load" not in causes(quiet)
