@@ -206,7 +206,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
             "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
             f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
-    external_load(causes, ctx, n, base_n, runs[("base", 1)][0], loss)
+    external_load(causes, ctx, n, base_n, runs[("base", 1)][0], cn)
     return causes, {"loss": loss, "loss_noise": loss_noise, "loss_low": loss_low, "t1": t1, "tn": tn, "R": R}
 
 
@@ -263,12 +263,14 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
 
 
 def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_n: dict[str, Any],
-                  base_1: dict[str, Any], loss: float) -> None:
+                  base_1: dict[str, Any], compute_n: list[float]) -> None:
     """Name what else used the machine when it took cores the job needed at N (not at 1).
 
     The neighbour cannot be switched off as an experiment, so the doctor reasons from what it measured: when
-    the job's N processes x threads plus the outside load exceed the cores, compute at N slows because of the
-    neighbour; that slow-down, measured as compute interference, is the neighbour's, and is reported as such.
+    the job's N processes x threads plus the outside load exceed the cores, time-sharing stretches compute at N
+    by at most f = (job's threads + outside cores) / cores. That share of the N-process compute time
+    (``compute_n`` x (1 - 1/f)), and no more, moves from compute interference to ``external_load``; what the
+    neighbour cannot explain (an operator slow only at N, say) stays where it was measured.
     """
     ext = ctx.get("external") or {}
     cores, used = ext.get("machine_cores") or 0, ext.get("cores") or 0.0
@@ -278,14 +280,20 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
     need_1 = base_1.get("threads") or 1
     if need_n + used <= cores:
         return
+    f = (need_n + used) / cores
     ci = next(c for c in causes if c["name"] == "compute_interference")
+    moved = [max(0.0, min(v, t * (1 - 1 / f))) for v, t in zip(ci["per_repeat_s"], compute_n)]
+    rest = [v - m for v, m in zip(ci["per_repeat_s"], moved)]
+    value = statistics.median(moved) if moved else 0.0
     who = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in ext.get("top", [])[:3])
     evidence = (f"outside the job, {used:.2f} of this machine's {cores} cores were busy while it ran: {who}; the job "
-                f"needs {need_n} at {n} processes ({need_1} at 1), so its processes shared cores with them")
-    ext_cause = {**ci, "name": "external_load", "evidence": evidence + f"; compute at {n} slowed by "
-                 f"{ci['seconds_per_step'] * 1e3:.2f} ms/step", "processes": ext.get("top", [])[:5],
-                 "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
-                               "or move the other work off this machine while training", "apply_flags": {}}
-    causes.append(ext_cause)
-    ci.update(seconds_per_step=0.0, per_repeat_s=[0.0] * len(ci["per_repeat_s"]), low_s=0.0, noise_s=0.0,
-              share=0.0, evidence=ci["evidence"] + " (counted under external_load)")
+                f"needs {need_n} at {n} processes ({need_1} at 1), so time-sharing stretches its compute at {n} up to "
+                f"{f:.2f}x: {value * 1e3:.2f} ms/step")
+    causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": moved,
+                   "share": value / ci["seconds_per_step"] * ci["share"] if ci["seconds_per_step"] else float("nan"),
+                   "evidence": evidence, "processes": ext.get("top", [])[:5], "apply_flags": {},
+                   "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
+                                 "or move the other work off this machine while training"})
+    ci.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest,
+              share=(statistics.median(rest) / ci["seconds_per_step"] * ci["share"]) if ci["seconds_per_step"] else 0.0,
+              evidence=ci["evidence"] + f" ({value * 1e3:.2f} ms/step of it counted under external_load)")

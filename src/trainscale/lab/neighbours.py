@@ -23,11 +23,11 @@ class LoadMonitor:
         self._last: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.t0 = self.t1 = 0.0
+        self.t0 = self.t1 = self.wall_t0 = 0.0
         self.gpu_users: list[dict[str, Any]] = []
 
     def __enter__(self) -> "LoadMonitor":
-        self.t0 = time.monotonic()
+        self.t0, self.wall_t0 = time.monotonic(), time.time()
         self._thread = threading.Thread(target=self._run, name="trainscale-load-monitor", daemon=True)
         self._thread.start()
         return self
@@ -51,12 +51,15 @@ class LoadMonitor:
     def _sample(self) -> None:
         import psutil
         ours = self._ours()
-        for p in psutil.process_iter(["pid", "name", "cpu_times"]):
+        for p in psutil.process_iter(["pid", "name", "cpu_times", "create_time"]):
             info = p.info
             if info["pid"] in ours or info["cpu_times"] is None:
                 continue
             cpu = info["cpu_times"].user + info["cpu_times"].system
-            self._first.setdefault(info["pid"], (cpu, info["name"] or "?"))
+            if info["pid"] not in self._first:
+                # Born while we watched: all its CPU time is in the window (short-lived work would vanish otherwise).
+                born_inside = (info["create_time"] or 0) > self.wall_t0
+                self._first[info["pid"]] = (0.0 if born_inside else cpu, info["name"] or "?")
             self._last[info["pid"]] = cpu
 
     def _run(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -24,7 +25,11 @@ def apply_zero(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
     if len(opt.param_groups) != 1:
         raise ValueError("apply_zero expects an optimizer with one parameter group")
-    return ZeroRedundancyOptimizer(opt.param_groups[0]["params"], optimizer_class=type(opt), **opt.defaults)
+    # Only the settings the class's constructor takes: torch 2.13's AdamW lists ``decoupled_weight_decay`` in its
+    # defaults but does not accept it back.
+    accepted = inspect.signature(type(opt).__init__).parameters
+    kw = {k: v for k, v in opt.defaults.items() if k in accepted}
+    return ZeroRedundancyOptimizer(opt.param_groups[0]["params"], optimizer_class=type(opt), **kw)
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:

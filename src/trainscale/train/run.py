@@ -152,7 +152,7 @@ class Run:
                 self.global_batch = bs * self.env.world_size * self.accum
             return data
         d = self.cfg.data
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"batch_size": d.batch_size, "workers": d.workers, "collate": None, "shuffle": d.shuffle}
         if isinstance(data, DataLoader):
             collate = None if data.collate_fn is default_collate else data.collate_fn
             kw = {"batch_size": data.batch_size or d.batch_size, "workers": data.num_workers, "collate": collate,
@@ -161,8 +161,8 @@ class Run:
         if not isinstance(data, Dataset) and not hasattr(data, "__getitem__"):
             raise RunError(f"run.prepare/batches: data must be a Dataset or DataLoader, not {type(data).__name__}")
         data = with_sample_delay(data, d.sample_delay_ms, d.sample_delay_scope)  # the slow-disk experiment
-        if info is not None or not kw:
-            dcfg = d if "batch_size" not in kw else apply_overrides(self.cfg, {"data.batch_size": kw["batch_size"]}).data
+        if info is not None:  # built-in image data: the configured loader (DALI too), normalised on the device
+            dcfg = apply_overrides(self.cfg, {"data.batch_size": kw["batch_size"]}).data
             loader = build_train_loader(dcfg, data, info, self.device, self.env.rank, self.env.world_size,
                                         self.cfg.job.seed, self.is_main)
         else:
