@@ -28,14 +28,14 @@ def test_sync_equals_one_process_on_the_concatenated_batches(ray_local, ps_actor
     model = plan.model  # the initial model the job started from
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=lr)
-    train, info = plan.train, plan.info
+    images, labels, info = torch.from_numpy(plan.train.x), torch.from_numpy(plan.train.y), plan.info
     mean, std = torch.tensor(info.mean).view(1, -1, 1, 1), torch.tensor(info.std).view(1, -1, 1, 1)
-    streams = [BatchStream(len(train.labels), r, p, 16, cfg.job.seed) for r in range(p)]
+    streams = [BatchStream(len(labels), r, p, 16, cfg.job.seed) for r in range(p)]
     for _ in range(steps):
         idx = torch.from_numpy(np.concatenate([s.next() for s in streams]))
-        x = (train.images[idx].float() - mean) / std
+        x = (images[idx].float() - mean) / std
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), train.labels[idx]).backward()
+        torch.nn.functional.cross_entropy(model(x), labels[idx]).backward()
         opt.step()
     for mine, ref in zip(got, params):
         np.testing.assert_allclose(mine, ref.detach().numpy(), atol=1e-5, rtol=0)

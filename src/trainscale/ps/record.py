@@ -37,6 +37,18 @@ class RunRecord:
     stale_stats: tuple[int, int, int] | None = None
     loss_first: float | None = None
     loss_last: float | None = None
+    # Where a mini-batch's and an update's time goes: phase -> [seconds summed, count] (see add_time).
+    phases: dict[str, list[float]] = field(default_factory=dict)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` for ``phase`` (learner_wait, learner_compute, shard_apply, coordinator ...)."""
+        acc = self.phases.setdefault(phase, [0.0, 0])
+        acc[0] += seconds
+        acc[1] += 1
+
+    def phase_means_ms(self) -> dict[str, float]:
+        """Mean milliseconds of each phase."""
+        return {k: round(1e3 * total / n, 4) for k, (total, n) in self.phases.items() if n}
 
     def now(self) -> float:
         """Seconds since the run started."""
