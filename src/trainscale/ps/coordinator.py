@@ -57,6 +57,9 @@ class Coordinator:
         self.submitted: dict[int, float] = {}  # ticket -> perf_counter at launch
         self.checks: dict[Any, tuple[int, int, float]] = {}  # shard answer ref -> (shard, version, submitted)
         self.last_harvest = 0.0
+        # Method handles with their options made once: building them costs on every call of a hot loop.
+        self._compute = [lr.compute.options(num_returns=len(shards) + 1) for lr in learners]
+        self._apply_on = [sh.apply.options(num_returns=2) for sh in shards]
 
     def request_stop(self) -> None:
         """End the run after the current update (from ``on_update``)."""
@@ -221,9 +224,7 @@ class Coordinator:
                 self._launch(action)
 
     def _launch(self, action: Launch) -> None:
-        learner = self.learners[action.learner]
-        refs = learner.compute.options(num_returns=len(self.shards) + 1).remote(
-            action.version, action.ticket, *self.params)
+        refs = self._compute[action.learner].remote(action.version, action.ticket, *self.params)
         self.pending[refs[0]] = (action, list(refs[1:]))
         self.submitted[action.ticket] = time.perf_counter()
         self.by_ticket[action.ticket] = refs[0]
@@ -234,9 +235,8 @@ class Coordinator:
         sq = self._sq_distances([g.version for g in action.grads]) if cfg.lr_rule == "distance" else None
         coefs = coefficients(cfg.lr_rule, cfg.lr, action.staleness, sq, cfg.lr_c, cfg.lr_max)
         keep_from = self.policy.oldest_version()
-        calls = [shard.apply.options(num_returns=2).remote(action.version, coefs, keep_from,
-                                                           *[grads[s] for grads, _ in taken])
-                 for s, shard in enumerate(self.shards)]
+        calls = [apply.remote(action.version, coefs, keep_from, *[grads[s] for grads, _ in taken])
+                 for s, apply in enumerate(self._apply_on)]
         # The new parameters go to the learners as references at once; the shards' small answers are
         # collected later by _harvest, so no update waits for a shard's round trip.
         self.params = [params_ref for _, params_ref in calls]
@@ -264,9 +264,12 @@ class Coordinator:
         if not self.checks:
             return
         ready, rest = ray.wait(list(self.checks), num_returns=len(self.checks), timeout=0)
-        for ref in ready:
+        try:
+            metas = ray.get(ready, timeout=self.cfg.timeout_s)  # one call for all: they are in already
+        except RayActorError:
+            metas = [self._shard_call(self.checks[ref][0], ref) for ref in ready]  # find the dead shard's
+        for ref, meta in zip(ready, metas):
             s, version, sent = self.checks.pop(ref)
-            meta = self._shard_call(s, ref)
             if meta is None:
                 self._recover_shard(s)
                 continue
