@@ -154,7 +154,7 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
 
         curve = _eval_curve(rec.eval_points, scores)
         eval_loss, eval_accuracy = scores(final)
-        return summarize(ps, plan.k, rec, eval_accuracy, curve, eval_loss)
+        return summarize(ps, plan.k, rec, eval_accuracy, curve, eval_loss, plan.layout.numel)
     finally:
         if view is not None:
             view.close()

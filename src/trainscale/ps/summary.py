@@ -45,7 +45,7 @@ def evaluate(model: nn.Module, layout: Layout, slices: Sequence[np.ndarray], dat
 
 
 def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float | None,
-              eval_curve: list[dict[str, Any]], eval_loss: float | None = None) -> dict[str, Any]:
+              eval_curve: list[dict[str, Any]], eval_loss: float | None = None, parameters: int = 0) -> dict[str, Any]:
     """One JSON-ready object with the fields of issue 6 (plus counters and the timeline).
 
     ``mean_update_interval_s`` is measured from the first update to the last, so the start-up of the
@@ -64,7 +64,7 @@ def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float | None
     loss_last = rec.loss_last if rec.loss_last is not None else (float(np.mean(tail)) if tail else None)
     return {
         "mode": cfg.mode, "learners": cfg.learners, "k": k, "shards": cfg.shards, "lr_rule": cfg.lr_rule,
-        "delay": cfg.delay, "updates": rec.updates,
+        "delay": cfg.delay, "parameters": parameters, "updates": rec.updates,
         "updates_per_s": rec.updates / rec.wall_s if rec.wall_s > 0 else 0.0,
         "mean_update_interval_s": interval,
         "staleness_mean": stale_mean, "staleness_max": stale_max,
