@@ -30,18 +30,18 @@ from trainscale.models import build_model
 WIDTH, BATCH, LR = 64, 32, 0.05
 
 
-def _model(info) -> torch.nn.Module:
+def _model(info, width: int = WIDTH, depth: int = 2) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model("mlp", info.in_shape, info.num_classes, WIDTH, 2)
+    return build_model("mlp", info.in_shape, info.num_classes, width, depth)
 
 
 @ray.remote(num_cpus=0)
 class ExampleServer:
     """The server of the pattern: a whole model and an optimizer in one actor."""
 
-    def __init__(self, info):
+    def __init__(self, info, width: int = WIDTH, depth: int = 2):
         torch.set_num_threads(1)
-        self.model = _model(info)
+        self.model = _model(info, width, depth)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
 
     def apply_gradients(self, *grads: list[np.ndarray]) -> list[np.ndarray]:
@@ -60,9 +60,10 @@ class ExampleServer:
 class ExampleWorker:
     """A learner of the pattern: weights in, gradients out, on its own slice of the data."""
 
-    def __init__(self, rank: int, world: int, images: np.ndarray, labels: np.ndarray, info):
+    def __init__(self, rank: int, world: int, images: np.ndarray, labels: np.ndarray, info, width: int = WIDTH,
+                 depth: int = 2):
         torch.set_num_threads(1)
-        self.model = _model(info)
+        self.model = _model(info, width, depth)
         own = np.arange(rank, len(labels), world)
         self.images, self.labels = torch.from_numpy(images[own]), torch.from_numpy(labels[own])
         self.mean = torch.tensor(info.mean).view(1, -1, 1, 1)

@@ -158,7 +158,8 @@ class Coordinator:
             # What a mini-batch costs besides its injected delay: launch, fetch, compute, push, notice.
             rec.overheads.append(t_ready - sent - meta["delay_s"])
             rec.add_time("learner_wait", meta["t_start"] - sent)
-            rec.add_time("learner_compute", meta["compute_s"])
+            rec.add_time("learner_load", meta["load_s"])
+            rec.add_time("learner_compute", meta["compute_s"] - meta["load_s"])
             rec.add_time("learner_return", t_ready - meta["t_end"])
         self._execute(self.policy.arrive(ticket))
 

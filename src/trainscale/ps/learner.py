@@ -79,7 +79,9 @@ class Learner:
     def _gradient(self, slices: list[np.ndarray]) -> tuple[float, list[np.ndarray]]:
         from .data import normalise, targets
 
+        t0 = time.perf_counter()
         self.replica.load(slices)
+        self.last_load = time.perf_counter() - t0
         idx = self.torch.from_numpy(self.stream.next())
         x = normalise(self.inputs[idx], self.mean, self.std)
         return self.replica.gradient(x, targets(self.targets[idx]), self.loss_fn)
@@ -117,7 +119,7 @@ class Learner:
         with self.wake:
             self.interrupted.discard(ticket)
         meta = {"learner": self.id, "version": version, "ticket": ticket, "loss": loss, "compute_s": compute_s,
-                "delay_s": self.last_delay, "t_start": t_start, "t_end": time.perf_counter(),
+                "delay_s": self.last_delay, "load_s": self.last_load, "t_start": t_start, "t_end": time.perf_counter(),
                 "pulled": int(sum(s.nbytes for s in slices)), "pushed": int(sum(g.nbytes for g in grads))}
         return (meta, *grads)
 

@@ -41,7 +41,14 @@ class RunRecord:
     phases: dict[str, list[float]] = field(default_factory=dict)
 
     def add_time(self, phase: str, seconds: float) -> None:
-        """Count ``seconds`` for ``phase`` (learner_wait, learner_compute, shard_apply, coordinator ...)."""
+        """Count ``seconds`` for ``phase``.
+
+        Phases: learner_wait (launch to the learner's method starting: queueing and fetching its arguments
+        from the object store), learner_load (parameters into the replica), learner_compute (forward and
+        backward), learner_return (method end to the coordinator noticing: serialising and storing the
+        results, the reply), coordinator (handling one event: decide, submit), shard_wait (apply submitted
+        to started: queueing and fetching the gradients), shard_apply (the optimizer step on the slice).
+        """
         acc = self.phases.setdefault(phase, [0.0, 0])
         acc[0] += seconds
         acc[1] += 1
