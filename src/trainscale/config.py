@@ -333,9 +333,17 @@ class PsConfig(_Section):
     max_restarts: int = _f(3, "times Ray restarts a dead learner or shard before the run gives it up")
     snapshot_dir: str = _f("", "folder for shard snapshots (shared storage on a cluster); empty: a temporary one")
     eval_every: int = _f(0, "keep the parameters every N updates for an eval curve; 0: evaluate at the end only")
+    learner_gpus: float = _f(0.0, "GPUs per learner (Ray num_gpus); > 0: learners compute on CUDA")
+    learner_cpus: float = _f(0.0, "CPUs Ray reserves per learner (0: none; learners mostly wait on each other)")
+    shard_cpus: float = _f(0.0, "CPUs Ray reserves per server shard")
+    placement: Literal["none", "pack", "spread", "strict-spread"] = _f(
+        "none", "server shards in a Ray placement group: spread (across nodes when it can), strict-spread "
+                "(one node each, or the run fails at start), pack (together); none: Ray's default scheduling")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for f in ("learner_gpus", "learner_cpus", "shard_cpus"):
+            self._at_least(f, 0)
         for f in ("learners", "shards", "fetch_every", "push_every", "snapshot_every", "threads", "steps"):
             self._at_least(f, 1)
         for f in ("time_s", "max_restarts", "eval_every"):

@@ -28,8 +28,8 @@ def test_killed_learner_is_restarted_and_rejoins_while_async_training_goes_on(ra
         if update == 10:
             kill(ray_local, ps_actors.learners[1])
             seen["killed_at"] = update
-        elif seen["killed_at"] and driver.rec.learner_restarts and 1 not in line["learners"] and not seen["back_at"]:
-            seen["without"] += 1
+        elif seen["killed_at"] and 1 in driver.lost_at:
+            seen["without"] += 1  # an update while learner 1 is away
         if seen["killed_at"] and update > seen["killed_at"] + 5 and 1 in line["learners"] and driver.rec.learner_restarts:
             seen["back_at"] = update  # learner 1 pushed again after its restart
             driver.request_stop()
@@ -37,7 +37,8 @@ def test_killed_learner_is_restarted_and_rejoins_while_async_training_goes_on(ra
             driver.request_stop()
 
     s = run_ps(cfg, actors=ps_actors, on_update=on_update)
-    assert s["restarts"] >= 1 and s["learner_restarts"] >= 1
+    # One process killed once is one restart, however many of its tasks failed with it.
+    assert s["restarts"] == 1 and s["learner_restarts"] == 1 and s["errors"] == 0, s
     assert seen["back_at"] is not None, "the killed learner never came back"
     assert seen["without"] > 10  # the other learners kept training while it restarted
     assert s["eval_accuracy"] > 0.5

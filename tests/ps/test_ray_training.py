@@ -28,14 +28,14 @@ def test_sync_equals_one_process_on_the_concatenated_batches(ray_local, ps_actor
     model = plan.model  # the initial model the job started from
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(params, lr=lr)
-    train, info = plan.train, plan.info
+    images, labels, info = torch.from_numpy(plan.train.x), torch.from_numpy(plan.train.y), plan.info
     mean, std = torch.tensor(info.mean).view(1, -1, 1, 1), torch.tensor(info.std).view(1, -1, 1, 1)
-    streams = [BatchStream(len(train.labels), r, p, 16, cfg.job.seed) for r in range(p)]
+    streams = [BatchStream(len(labels), r, p, 16, cfg.job.seed) for r in range(p)]
     for _ in range(steps):
         idx = torch.from_numpy(np.concatenate([s.next() for s in streams]))
-        x = (train.images[idx].float() - mean) / std
+        x = (images[idx].float() - mean) / std
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), train.labels[idx]).backward()
+        torch.nn.functional.cross_entropy(model(x), labels[idx]).backward()
         opt.step()
     for mine, ref in zip(got, params):
         np.testing.assert_allclose(mine, ref.detach().numpy(), atol=1e-5, rtol=0)
@@ -63,3 +63,20 @@ def test_every_mode_trains_digits(ray_local, ps_actors, ps_config, mode, lr, ste
     if mode in ("async", "k-async", "k-batch-async", "downpour"):
         assert s["staleness_mean"] > 0 and s["cancelled"] == 0
     assert s["bytes_pushed"] > 0 and s["bytes_pulled"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_distance_rule_trains_and_scales_each_gradient_by_its_distance(ray_local, ps_actors, ps_config):
+    """async with --lr-rule distance on Ray: lr_i = min(C / |w_now - w_i|^2, lr_max), computed by the shards."""
+    c, lr_max = 0.002, 0.1
+    cfg = ps_config("--ps.mode", "async", "--ps.learners", "4", "--ps.shards", "2", "--ps.steps", "200",
+                    "--ps.lr_rule", "distance", "--ps.lr_c", str(c), "--ps.lr_max", str(lr_max))
+    s = run_ps(cfg, actors=ps_actors)
+    assert s["updates"] == 200 and s["restarts"] == 0 and s["staleness_mean"] > 0
+    rates = [r for line in s["timeline"] for r in line["lr"]]  # one gradient per update in async
+    fresh = [line["lr"][0] for line in s["timeline"] if line["staleness"] == [0]]
+    assert all(0 < r <= lr_max + 1e-9 for r in rates)
+    assert all(r == pytest.approx(lr_max) for r in fresh)  # distance 0: the cap
+    # Stale gradients were computed on parameters some distance away: the rule lowered their rate.
+    assert sum(r < lr_max - 1e-9 for r in rates) > len(rates) // 10, sorted(rates)[:20]
+    assert s["loss_last"] < s["loss_first"] and s["eval_accuracy"] >= 0.8, s["eval_accuracy"]

@@ -93,8 +93,10 @@ def main(argv: list[str]) -> int:
 
 
 def _print_summary(s: dict) -> None:
+    score = (f"eval accuracy {s['eval_accuracy']:.3f}" if s.get("eval_accuracy") is not None else
+             f"eval loss {s['eval_loss']:.4f}" if s.get("eval_loss") is not None else "no eval set")
     print(f"{s['mode']}: P={s['learners']} K={s['k']} S={s['shards']}  {s['updates']} updates in {s['wall_s']:.2f} s "
           f"({s['updates_per_s']:.1f}/s, {s['mean_update_interval_s'] * 1e3:.1f} ms each)  "
           f"staleness mean {s['staleness_mean']:.2f} max {s['staleness_max']}  "
-          f"loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}  eval accuracy {s['eval_accuracy']:.3f}  "
+          f"loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}  {score}  "
           f"restarts {s['restarts']} (updates lost {s['updates_lost']})")

@@ -28,9 +28,11 @@ class DownpourDriver:
     """Runs Downpour on ``learners`` and ``shards`` until the slowest shard has ``ps.steps`` updates (or time)."""
 
     def __init__(self, cfg: PsConfig, learners: list, shards: list, shard_pids: list[int], setup: Callable[[int], Any],
-                 on_update: Callable[[int, "DownpourDriver"], None] | None = None):
+                 on_update: Callable[[int, "DownpourDriver"], None] | None = None,
+                 learner_pids: list[int] | None = None):
         self.cfg, self.learners, self.shards, self.setup, self.on_update = cfg, learners, shards, setup, on_update
         self.shard_pids = list(shard_pids)
+        self.learner_pids = list(learner_pids) if learner_pids else [0] * len(learners)
         self.rec = RunRecord()
         self.versions = [0] * len(shards)
         self.runs: dict[Any, int] = {}
@@ -128,7 +130,7 @@ class DownpourDriver:
             if ref in self.setups:
                 i = self.setups.pop(ref)
                 try:
-                    ray.get(ref, timeout=self.cfg.timeout_s)
+                    meta = ray.get(ref, timeout=self.cfg.timeout_s)
                 except ActorUnavailableError:
                     if time.monotonic() - self.lost_at.get(i, 0.0) < self.cfg.timeout_s:
                         self.setups[self.setup(i)] = i  # still restarting: ask again
@@ -143,6 +145,9 @@ class DownpourDriver:
                         raise PsError("no learner is left") from None
                     continue
                 self.lost_at.pop(i, None)
+                if meta["pid"] != self.learner_pids[i]:  # one restart per new process
+                    self.learner_pids[i] = meta["pid"]
+                    self.rec.learner_restarts += 1
                 self._start(i)
                 continue
             i = self.runs.pop(ref)
@@ -150,9 +155,7 @@ class DownpourDriver:
                 self.stats[i].append(ray.get(ref, timeout=self.cfg.timeout_s))
                 self._start(i)  # its loop ended on its own backstop; keep it working
             except (RayActorError, RayTaskError) as e:
-                if isinstance(e, RayActorError) or "NotSetUp" in str(e):
-                    self.rec.learner_restarts += 1
-                else:
+                if not isinstance(e, RayActorError) and "NotSetUp" not in str(e):
                     self.rec.errors += 1
                 logger.warning(f"ps: learner {i} lost ({type(e).__name__}); it restarts and rejoins with the "
                                "current parameters")

@@ -1,20 +1,21 @@
 """Inside a Downpour learner: compute on the last parameters fetched, while fetches and pushes fly beside it.
 
-Dean et al. (2012) run fetches and pushes in threads beside the compute; here they are asyncio tasks of
-the learner's event loop waiting on Ray calls to every shard, which gives the same overlap: a fetch is
-started every ``fetch_every`` steps and its parameters are taken up as soon as they arrive, pushes of the
-gradients accumulated over ``push_every`` steps are sent without waiting. A shard that is down (restarting)
-only costs the pushes sent to it meanwhile and keeps its old parameters in the replica.
+Dean et al. (2012) run fetches and pushes in threads beside the compute; here they are Ray calls to every
+shard that the loop starts and does not wait for: a fetch is started every ``fetch_every`` steps and its
+parameters are taken up between two steps once every shard has answered (``ray.wait`` with no wait), and
+the gradients accumulated over ``push_every`` steps are pushed without waiting (at most
+``_MAX_INFLIGHT_PER_SHARD`` per shard in flight, so a slow shard pushes back on the learner). A shard that
+is down (restarting) only costs the pushes sent to it meanwhile and keeps its old parameters in the replica.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from typing import Any, Callable
 
 import numpy as np
+import ray
 
 __all__ = ["DownpourLoop"]
 
@@ -30,62 +31,73 @@ class DownpourLoop:
         self.pushed = self.pulled = self.push_errors = self.fetch_errors = self.steps = 0
         self.inflight: deque = deque()
 
-    async def _fetch(self) -> list[tuple[np.ndarray, int] | None]:
-        """(parameters, version) from every shard; None for a shard that did not answer."""
+    def _start_fetch(self) -> tuple[float, list[tuple[Any, Any]]]:
+        return time.monotonic(), [tuple(s.get.options(num_returns=2).remote()) for s in self.shards]
 
-        async def one(shard: Any) -> tuple[np.ndarray, int] | None:
-            meta_ref, params_ref = shard.get.options(num_returns=2).remote()
+    def _take(self, fetch: tuple[float, list[tuple[Any, Any]]], slices: list, versions: list[int],
+              wait_s: float = 0.0) -> bool:
+        """Take a fetch's parameters into ``slices`` once every shard answered; False while it is still out.
+
+        A shard that failed, or that did not answer within ``timeout_s`` of the fetch, keeps its old parameters.
+        """
+        started, calls = fetch
+        refs = [r for call in calls for r in call]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        if len(ready) < len(refs) and time.monotonic() - started < self.timeout_s:
+            return False
+        done = set(ready)
+        for s, (meta_ref, params_ref) in enumerate(calls):
+            if meta_ref not in done or params_ref not in done:
+                self.fetch_errors += 1
+                continue
             try:
-                meta = await asyncio.wait_for(meta_ref, self.timeout_s)
-                params = await asyncio.wait_for(params_ref, self.timeout_s)
+                meta, params = ray.get([meta_ref, params_ref], timeout=self.timeout_s)
             except Exception:  # the shard is restarting or gone: keep the parameters we have
                 self.fetch_errors += 1
-                return None
+                continue
+            slices[s], versions[s] = params, int(meta["version"])
             self.pulled += params.nbytes
-            return params, int(meta["version"])
+        return True
 
-        return list(await asyncio.gather(*(one(s) for s in self.shards)))
-
-    async def _first_fetch(self) -> tuple[list[np.ndarray], list[int]]:
+    def _first_fetch(self) -> tuple[list[np.ndarray | None], list[int]]:
         deadline = time.monotonic() + self.timeout_s
         while True:
-            got = await self._fetch()
-            if all(g is not None for g in got):
-                return [g[0] for g in got], [g[1] for g in got]  # type: ignore[index]
+            slices: list[np.ndarray | None] = [None] * len(self.shards)
+            versions = [0] * len(self.shards)
+            self._take(self._start_fetch(), slices, versions, wait_s=self.timeout_s)
+            if all(s is not None for s in slices):
+                return slices, versions
             if time.monotonic() > deadline:
                 raise TimeoutError(f"learner {self.learner.id}: shards did not answer within {self.timeout_s:.0f} s")
-            await asyncio.sleep(0.1)
+            time.sleep(0.1)
 
-    async def _push(self, grads: list[np.ndarray], versions: list[int]) -> None:
+    def _push(self, grads: list[np.ndarray], versions: list[int]) -> None:
         for shard, g, v in zip(self.shards, grads, versions):
             self.inflight.append(shard.push.remote(g, v))
             self.pushed += g.nbytes
         while len(self.inflight) > _MAX_INFLIGHT_PER_SHARD * len(self.shards):
-            await self._settle(self.inflight.popleft())
+            self._settle(self.inflight.popleft())
 
-    async def _settle(self, ref: Any) -> None:
+    def _settle(self, ref: Any) -> None:
         try:
-            await asyncio.wait_for(ref, self.timeout_s)
+            ray.get(ref, timeout=self.timeout_s)
         except Exception:  # a push to a shard that died is lost, like the replica's share of data in Downpour
             self.push_errors += 1
 
-    async def run(self, stopping: Callable[[], bool], max_s: float) -> dict[str, Any]:
+    def run(self, stopping: Callable[[], bool], max_s: float) -> dict[str, Any]:
         """Loop until ``stopping()`` or ``max_s`` seconds; returns counters and the loss of every step."""
         t_end = time.monotonic() + max_s
-        slices, versions = await self._first_fetch()
-        fetching: asyncio.Future | None = None
+        slices, versions = self._first_fetch()
+        fetching = None
         acc: list[np.ndarray] | None = None
         acc_versions: list[int] = versions
         losses: list[float] = []
         while not stopping() and time.monotonic() < t_end:
-            if fetching is not None and fetching.done():
-                for s, got in enumerate(fetching.result()):
-                    if got is not None:
-                        slices[s], versions[s] = got
+            if fetching is not None and self._take(fetching, slices, versions):
                 fetching = None
             if fetching is None and self.steps > 0 and self.steps % self.fetch_every == 0:
-                fetching = asyncio.ensure_future(self._fetch())
-            loss, grads, _ = await self.learner._step(slices)
+                fetching = self._start_fetch()
+            loss, grads, _ = self.learner._step(slices)
             losses.append(loss)
             if acc is None:
                 # Staleness is counted from the oldest parameters that went into the accumulated push.
@@ -95,12 +107,9 @@ class DownpourLoop:
                     a += g
             self.steps += 1
             if self.steps % self.push_every == 0:
-                await self._push(acc, acc_versions)
+                self._push(acc, acc_versions)
                 acc = None
-        if fetching is not None:
-            fetching.cancel()
-            await asyncio.gather(fetching, return_exceptions=True)  # collect it, so nothing is left unretrieved
         while self.inflight:
-            await self._settle(self.inflight.popleft())
+            self._settle(self.inflight.popleft())
         return {"learner": self.learner.id, "steps": self.steps, "losses": losses, "bytes_pushed": self.pushed,
                 "bytes_pulled": self.pulled, "push_errors": self.push_errors, "fetch_errors": self.fetch_errors}

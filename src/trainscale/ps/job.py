@@ -17,6 +17,7 @@ import torch
 
 from ..config import Config, ConfigError
 from ..log import logger
+from .data import TrainArrays
 from .delays import parse_delay
 from .policies import resolve_k
 from .sharding import Layout, balance
@@ -33,28 +34,39 @@ class Plan:
     model: torch.nn.Module
     layout: Layout
     slices: list[np.ndarray]
-    train: Any
-    eval: Any
+    train: TrainArrays
+    eval: TrainArrays
     info: Any
+    loss: str
 
 
 def preflight(cfg: Config) -> Plan:
-    """Every check that needs no Ray (bad input fails here with one line), and the initial model."""
-    from ..data import available_datasets, build_datasets
+    """Every check that needs no Ray (bad input fails here with one line), and the initial model.
+
+    ``model.name`` and ``data.name`` take what ``trainscale train`` takes, a user's ``package.module:function``
+    included (through :func:`~trainscale.models.build_model` and :func:`~trainscale.data.build_datasets`).
+    """
+    from ..data import build_datasets
     from ..models import build_model, check_name
+    from .data import as_arrays, infer_info, loss_name, resolve_loss
 
     ps = cfg.ps
     check_name(cfg.model.name)
-    if cfg.data.name not in available_datasets():
-        raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets()))
     parse_delay(ps.delay, ps.learners)
-    train, evals, info = build_datasets(cfg.data)
+    loss = loss_name(cfg)
+    resolve_loss(loss)
+    train_ds, eval_ds, info = build_datasets(cfg.data)
+    train, evals = as_arrays(train_ds), as_arrays(eval_ds)
+    if len(train.y) < ps.learners:
+        raise ConfigError("data.name", cfg.data.name, f"the training set has {len(train.y)} samples, fewer than "
+                          f"ps.learners = {ps.learners}")
+    info = info or infer_info(train)
     torch.manual_seed(cfg.job.seed)
     model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
     params = [p for p in model.parameters() if p.requires_grad]
     layout = balance([tuple(p.shape) for p in params], ps.shards)
     slices = layout.split([p.detach().numpy() for p in params])
-    return Plan(cfg, resolve_k(ps.mode, ps.learners, ps.k), model, layout, slices, train, evals, info)
+    return Plan(cfg, resolve_k(ps.mode, ps.learners, ps.k), model, layout, slices, train, evals, info, loss)
 
 
 def _learner_spec(plan: Plan, rank: int) -> dict[str, Any]:
@@ -63,7 +75,8 @@ def _learner_spec(plan: Plan, rank: int) -> dict[str, Any]:
             "in_shape": list(plan.info.in_shape), "num_classes": plan.info.num_classes,
             "mean": list(plan.info.mean), "std": list(plan.info.std), "shapes": [list(s) for s in plan.layout.shapes],
             "shards": [list(s) for s in plan.layout.shards], "rank": rank, "world": cfg.ps.learners,
-            "batch_size": cfg.data.batch_size, "seed": cfg.job.seed, "delay": cfg.ps.delay}
+            "batch_size": cfg.data.batch_size, "seed": cfg.job.seed, "delay": cfg.ps.delay, "loss": plan.loss,
+            "gpu": cfg.ps.learner_gpus > 0}
 
 
 def _describe(update: int, driver: Any) -> str:
@@ -93,7 +106,7 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
     plan = plan or preflight(cfg)
     own = actors is None
     if own:
-        actors = PsActors(ps.learners, ps.shards, ps.threads, ps.max_restarts, ps.snapshot_dir)
+        actors = PsActors.from_config(ps)
     elif not actors.fits(ps.learners, ps.shards):
         actors.grow(ps.learners)
         if not actors.fits(ps.learners, ps.shards):
@@ -101,11 +114,10 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
     view: Any = None
     try:
         learners, shards = actors.learners[:ps.learners], actors.shards[:ps.shards]
-        images = ray.put(plan.train.images.numpy())
-        labels = ray.put(plan.train.labels.numpy())
+        inputs, targets = ray.put(plan.train.x), ray.put(plan.train.y)
 
         def setup(i: int) -> Any:
-            return learners[i].setup.remote(_learner_spec(plan, i), images, labels)
+            return learners[i].setup.remote(_learner_spec(plan, i), inputs, targets)
 
         downpour = ps.mode == "downpour"
         opts = {"lr": ps.lr, "lr_rule": ps.lr_rule, "snapshot_every": ps.snapshot_every,
@@ -115,7 +127,7 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
         metas = _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s,
                           "server shards")
         pids = [m["pid"] for m in metas]
-        _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")
+        learner_pids = [m["pid"] for m in _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")]
 
         view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
 
@@ -125,10 +137,11 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
                 on_update(update, driver)
 
         if downpour:
-            driver: Any = DownpourDriver(ps, learners, shards, pids, setup, hook)
+            driver: Any = DownpourDriver(ps, learners, shards, pids, setup, hook, learner_pids)
         else:
             params = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
-            driver = Coordinator(ps, learners, shards, params, pids, setup, hook)
+            shard_ids = ray.get([sh.actor_id.remote() for sh in shards], timeout=ps.timeout_s)
+            driver = Coordinator(ps, learners, shards, params, pids, setup, hook, learner_pids, shard_ids)
         logger.info(f"ps: {ps.mode} with {ps.learners} learners (K = {plan.k}), {ps.shards} shard(s), "
                     f"{plan.layout.numel:,} parameters, delay {ps.delay}")
         rec = driver.run()
@@ -136,17 +149,32 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
         final = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
         ev = plan.eval
 
-        def accuracy(refs: list) -> float:
-            return evaluate(plan.model, plan.layout, ray.get(refs, timeout=ps.timeout_s), ev.images, ev.labels,
-                            plan.info.mean, plan.info.std)
+        def scores(refs: list) -> tuple[float | None, float | None]:
+            return evaluate(plan.model, plan.layout, ray.get(refs, timeout=ps.timeout_s), ev, plan.info, plan.loss)
 
-        curve = [{"update": u, "t": round(t, 6), "accuracy": accuracy(refs)} for u, t, refs in rec.eval_points]
-        return summarize(ps, plan.k, rec, accuracy(final), curve)
+        curve = _eval_curve(rec.eval_points, scores)
+        eval_loss, eval_accuracy = scores(final)
+        return summarize(ps, plan.k, rec, eval_accuracy, curve, eval_loss, plan.layout.numel)
     finally:
         if view is not None:
             view.close()
         if own:
             actors.close()
+
+
+def _eval_curve(points: list, scores: Callable[[list], tuple]) -> list[dict[str, Any]]:
+    """Eval loss and accuracy at the kept points; a point whose parameters a dead shard lost is left out."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    curve = []
+    for u, t, refs in points:
+        try:
+            loss, acc = scores(refs)
+        except (RayActorError, RayTaskError):
+            logger.warning(f"ps: the parameters of update {u} were lost with a shard; left out of the eval curve")
+            continue
+        curve.append({"update": u, "t": round(t, 6), "accuracy": acc, "loss": loss})
+    return curve
 
 
 def _wait_all(refs: list, timeout_s: float, what: str) -> list:

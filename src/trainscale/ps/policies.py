@@ -135,9 +135,14 @@ class Policy:
         return []
 
     def lost(self, learner: int) -> list[Action]:
-        """``learner`` died or its work failed: its unfinished work is dropped, never taken as a gradient."""
+        """``learner`` died or its work failed: its unfinished work is dropped, never taken as a gradient.
+
+        It is launched on nothing until :meth:`rejoin` (work sent to an actor that Ray is restarting would
+        only fail again); the number of gradients an update waits for does not change.
+        """
         for ticket in [t for t, w in self.busy.items() if w.learner == learner]:
             del self.busy[ticket]
+        self.alive.discard(learner)
         return []
 
     def rejoin(self, learner: int) -> list[Action]:

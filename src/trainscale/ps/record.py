@@ -37,6 +37,25 @@ class RunRecord:
     stale_stats: tuple[int, int, int] | None = None
     loss_first: float | None = None
     loss_last: float | None = None
+    # Where a mini-batch's and an update's time goes: phase -> [seconds summed, count] (see add_time).
+    phases: dict[str, list[float]] = field(default_factory=dict)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` for ``phase``.
+
+        Phases: learner_wait (launch to the learner's method starting: queueing and fetching its arguments
+        from the object store), learner_load (parameters into the replica), learner_compute (forward and
+        backward), learner_return (method end to the coordinator noticing: serialising and storing the
+        results, the reply), coordinator (handling one event: decide, submit), shard_wait (apply submitted
+        to started: queueing and fetching the gradients), shard_apply (the optimizer step on the slice).
+        """
+        acc = self.phases.setdefault(phase, [0.0, 0])
+        acc[0] += seconds
+        acc[1] += 1
+
+    def phase_means_ms(self) -> dict[str, float]:
+        """Mean milliseconds of each phase."""
+        return {k: round(1e3 * total / n, 4) for k, (total, n) in self.phases.items() if n}
 
     def now(self) -> float:
         """Seconds since the run started."""

@@ -12,6 +12,7 @@ learners call :meth:`push` directly, and the shard runs Adagrad on its own (Dean
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,12 @@ class ServerShard:
                 "stale_sum": self.stale_sum, "stale_count": self.stale_count, "stale_max": self.stale_max}
         return meta
 
+    def actor_id(self) -> str:
+        """Ray's id of this actor (a learner's task that failed on this shard's result names it)."""
+        import ray
+
+        return ray.get_runtime_context().get_actor_id()
+
     # ---------------------------------------------------------------------------------- calls
 
     def info(self) -> dict[str, Any]:
@@ -94,11 +101,14 @@ class ServerShard:
 
     def apply(self, version: int, coefs: list[float], keep_from: int, *grads: np.ndarray) -> tuple[dict, np.ndarray]:
         """SGD step ``w -= sum_i coefs[i] * grads[i]``; the result is version ``version``. Returns (meta, w)."""
+        t_start = time.perf_counter()
         self._ready()
         if len(coefs) != len(grads):
             raise ValueError(f"{len(coefs)} coefficients for {len(grads)} gradients")
+        step = self._scratch()
         for c, g in zip(coefs, grads):
-            self.params -= np.float32(c) * g
+            np.multiply(g, np.float32(c), out=step)  # into a kept buffer: no temporary of the slice's size
+            self.params -= step
         self.version = version
         if self.opts.get("keep_history"):
             self.history[version] = self.params.copy()
@@ -106,7 +116,14 @@ class ServerShard:
                 del self.history[v]
         if version % int(self.opts.get("snapshot_every", 50)) == 0:
             self._snapshot()
-        return self._meta(), self.params
+        meta = self._meta()
+        meta["t_start"], meta["t_end"] = t_start, time.perf_counter()
+        return meta, self.params
+
+    def _scratch(self) -> np.ndarray:
+        if getattr(self, "_step", None) is None or self._step.shape != self.params.shape:
+            self._step = np.empty_like(self.params)
+        return self._step
 
     def push(self, grad: np.ndarray, version: int) -> int:
         """Downpour: apply one learner's gradient at once with Adagrad; returns the new version."""

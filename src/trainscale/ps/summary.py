@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..config import PsConfig
+from .data import TrainArrays, channel_stats, normalise, resolve_loss, targets
 from .record import RunRecord
 from .sharding import Layout
 
@@ -16,23 +17,35 @@ __all__ = ["evaluate", "summarize"]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, layout: Layout, slices: Sequence[np.ndarray], images: torch.Tensor,
-             labels: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> float:
-    """Accuracy of ``model`` carrying the parameters ``slices`` on (uint8 images, labels)."""
+def evaluate(model: nn.Module, layout: Layout, slices: Sequence[np.ndarray], data: TrainArrays, info: Any,
+             loss: str) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) of ``model`` carrying the parameters ``slices`` on ``data``.
+
+    Accuracy needs integer targets and class scores (N, classes); otherwise it is None. Both are None
+    for an empty evaluation set.
+    """
+    if len(data.y) == 0:
+        return None, None
     params = [p for p in model.parameters() if p.requires_grad]
     for p, w in zip(params, layout.join(slices)):
-        p.copy_(torch.from_numpy(np.array(w, dtype=np.float32)))
+        p.data = torch.from_numpy(np.array(w, dtype=np.float32))
     model.eval()
-    c = len(mean)
-    x = (images.float() - torch.tensor(mean).view(1, c, 1, 1)) / torch.tensor(std).view(1, c, 1, 1)
-    correct = 0
-    for i in range(0, len(labels), 512):
-        correct += int((model(x[i:i + 512]).argmax(1) == labels[i:i + 512]).sum())
-    return correct / max(1, len(labels))
+    x_all, y_all = torch.from_numpy(data.x), targets(torch.from_numpy(data.y))
+    mean, std = channel_stats(info.mean, info.std, x_all.dim())
+    loss_fn = resolve_loss(loss)
+    total, correct, n, classify = 0.0, 0, 0, not y_all.is_floating_point()
+    for i in range(0, len(y_all), 512):
+        out, y = model(normalise(x_all[i:i + 512], mean, std)), y_all[i:i + 512]
+        total += float(loss_fn(out, y)) * len(y)
+        n += len(y)
+        classify = classify and out.dim() == 2 and y.dim() == 1
+        if classify:
+            correct += int((out.argmax(1) == y).sum())
+    return total / n, (correct / n if classify else None)
 
 
-def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float,
-              eval_curve: list[dict[str, float]]) -> dict[str, Any]:
+def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float | None,
+              eval_curve: list[dict[str, Any]], eval_loss: float | None = None, parameters: int = 0) -> dict[str, Any]:
     """One JSON-ready object with the fields of issue 6 (plus counters and the timeline).
 
     ``mean_update_interval_s`` is measured from the first update to the last, so the start-up of the
@@ -51,13 +64,14 @@ def summarize(cfg: PsConfig, k: int, rec: RunRecord, eval_accuracy: float,
     loss_last = rec.loss_last if rec.loss_last is not None else (float(np.mean(tail)) if tail else None)
     return {
         "mode": cfg.mode, "learners": cfg.learners, "k": k, "shards": cfg.shards, "lr_rule": cfg.lr_rule,
-        "delay": cfg.delay, "updates": rec.updates,
+        "delay": cfg.delay, "parameters": parameters, "updates": rec.updates,
         "updates_per_s": rec.updates / rec.wall_s if rec.wall_s > 0 else 0.0,
         "mean_update_interval_s": interval,
         "staleness_mean": stale_mean, "staleness_max": stale_max,
-        "loss_first": loss_first, "loss_last": loss_last, "eval_accuracy": eval_accuracy,
+        "loss_first": loss_first, "loss_last": loss_last, "eval_accuracy": eval_accuracy, "eval_loss": eval_loss,
         "bytes_pushed": rec.bytes_pushed, "bytes_pulled": rec.bytes_pulled, "wall_s": rec.wall_s,
         "minibatch_overhead_s": float(np.mean(rec.overheads)) if rec.overheads else None,
+        "phases_ms": rec.phase_means_ms(),
         "restarts": rec.restarts, "learner_restarts": rec.learner_restarts, "shard_restarts": rec.shard_restarts,
         "updates_lost": rec.updates_lost, "cancelled": rec.cancelled, "errors": rec.errors,
         "eval_curve": eval_curve, "timeline": rec.timeline,
