@@ -196,7 +196,7 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
         finally:
             shutdown()
         if summary.get("preempted"):
-            if os.environ.get("RANK", "0") == "0":
+            if "LOCAL_RANK" not in os.environ:  # under the launcher, the launcher says it once
                 print(f"trainscale train: preempted at step {summary.get('steps')}; {_resume_hint(cfg)}",
                       file=sys.stderr)
             return EXIT_PREEMPTED
