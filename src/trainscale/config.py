@@ -88,7 +88,13 @@ class JobConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto: cuda:LOCAL_RANK when CUDA is available, else cpu")
     backend: Literal["auto", "gloo", "nccl"] = _f("auto", "process-group backend; auto: nccl on CUDA, gloo otherwise")
     threads: int = _f(0, "intra-op threads per process; 0: this machine's cores / local processes")
-    timeout_s: float = _f(300.0, "collective timeout: a rank stuck this long in a collective fails instead of hanging")
+    timeout_s: float = _f(300.0, "hang timeout: when no rank makes progress (a step, a checkpoint, an evaluation) "
+                                 "for this long, every rank exits within job.heartbeat_s + a few seconds, naming the "
+                                 "rank that stopped; PyTorch's collective timeout backs it up 3 heartbeats (>= 5 s) later")
+    heartbeat_s: float = _f(1.0, "period of each rank's heartbeat through the c10d store (hang detection, "
+                                 "preemption); 0: off, PyTorch's collective timeout alone (naming no rank)")
+    preempt_grace_s: int = _f(30, "after SIGTERM to the launcher, seconds the ranks get to reach a step boundary and "
+                                  "write the checkpoint before torchrun kills them (torchrun's --shutdown-timeout)")
     eval_every: int = _f(0, "evaluate every N steps; 0: only at the end")
     out: str = _f("", "folder for run artefacts (profile tables); empty: beside --json, or none")
     slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
@@ -103,6 +109,10 @@ class JobConfig(_Section):
         self._at_least("slow_factor", 1, "1 means no slow-down")
         self._at_least("threads", 0, "0 means automatic")
         self._at_least("timeout_s", 1)
+        self._at_least("heartbeat_s", 0, "0 means off")
+        if 0 < self.heartbeat_s and self.heartbeat_s * 2 > self.timeout_s:
+            self._fail("heartbeat_s", f"must be at most half of job.timeout_s = {self.timeout_s:g} (or 0: off)")
+        self._at_least("preempt_grace_s", 1)
         self._at_least("eval_every", 0)
 
 
@@ -240,10 +250,20 @@ class CheckpointConfig(_Section):
     dir: str = _f("", "folder for checkpoints; empty: no checkpoints")
     every: int = _f(0, "write every N steps; 0: only at the end (when checkpoint.dir is set)")
     keep: int = _f(2, "how many recent step checkpoints to keep (last.pt is always kept)")
+    format: Literal["file", "dcp"] = _f(
+        "file", "file: one step_N.pt written by rank 0; dcp: a step_N/ folder of torch.distributed.checkpoint, "
+                "each rank writes its own shard (ZeRO state stays sharded) and it loads at another world size")
+    async_save: bool = _f(False, "dcp: write in a background thread after copying the state to host memory, so the "
+                                 "step does not wait for the disk (the next checkpoint waits for the previous write)")
+    on_error: Literal["stop", "warn"] = _f(
+        "stop", "a checkpoint that cannot be written (folder unwritable or full): stop the run (exit 2) or warn and "
+                "train on; the previous checkpoint stays intact either way")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("every", 0)
+        if self.async_save and self.format != "dcp":
+            self._fail("async_save", "needs checkpoint.format dcp (the one-file format is written by rank 0 in the step)")
         self._at_least("keep", 1)
 
 

@@ -96,10 +96,13 @@ def init_distributed(job: JobConfig) -> DistEnv:
         torch.cuda.set_device(device)
         # Fixed input shapes are the rule in training: let cuDNN pick its fastest convolution once.
         torch.backends.cudnn.benchmark = True
-    timeout = datetime.timedelta(seconds=job.timeout_s)
+    from .watchdog import backstop_timeout_s
+    # The watchdog names a hung rank at job.timeout_s; PyTorch's collective timeout is its backstop.
+    timeout = datetime.timedelta(seconds=backstop_timeout_s(job.timeout_s, job.heartbeat_s))
     if not dist.is_initialized():
         if launched:
-            dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+            dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
+                                    **_attempt_store(rank, world, timeout))
         else:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -108,6 +111,20 @@ def init_distributed(job: JobConfig) -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                    node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
                    device=device, backend=backend, master=master, threads=threads)
+
+
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
+    """Under torchrun's agent store, a store view of this restart attempt's own (empty: init's env:// default).
+
+    torch 2.13's restarted Gloo group otherwise reads the previous attempt's addresses from the agent's store
+    and fails ("connectFullMesh ... Connection refused"); a key prefix per attempt keeps the attempts apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in os.environ:
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    base = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                         is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"trainscale/attempt_{attempt}", base), "rank": rank, "world_size": world}
 
 
 def gather_env_rows(env: DistEnv) -> list[dict]:

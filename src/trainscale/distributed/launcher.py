@@ -7,6 +7,7 @@ its arguments, sets intra-op threads per rank, and prints the job's distributed 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,11 +17,21 @@ from ..config import ConfigError
 from .env import default_threads
 from .table import print_env_table
 
-__all__ = ["LaunchSpec", "launch", "LaunchFailed"]
+PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.preempt.EXIT_PREEMPTED)
+
+__all__ = ["LaunchSpec", "launch", "LaunchFailed", "Preempted"]
 
 
 class LaunchFailed(RuntimeError):
-    """The job ended with a failed rank; the message names it and its error."""
+    """The job ended with a failed rank; the message names it and its error; ``exitcodes``: every failed rank's."""
+
+    def __init__(self, message: str, exitcodes: dict[int, int] | None = None):
+        super().__init__(message)
+        self.exitcodes = exitcodes or {}
+
+
+class Preempted(RuntimeError):
+    """The launcher got SIGTERM (or every rank stopped on one): the ranks checkpointed and exited."""
 
 
 @dataclass
@@ -37,6 +48,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     rdzv_id: str = "trainscale"
     max_restarts: int = 0
+    shutdown_timeout: int = 30  # after a signal to the launcher, seconds the ranks get to exit before SIGKILL
     threads: int = 0
     module: bool = False
     print_table: bool = True
@@ -64,7 +76,7 @@ class LaunchSpec:
     def torchrun_argv(self) -> list[str]:
         """torchrun's options and the script (its arguments are attached after parsing, see ``launch``)."""
         argv = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}",
-                f"--max-restarts={self.max_restarts}"]
+                f"--max-restarts={self.max_restarts}", f"--shutdown-timeout={self.shutdown_timeout}"]
         if self.rdzv_endpoint:
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
         elif self.master_addr or self.master_port or self.max_nodes > 1:
@@ -78,7 +90,11 @@ class LaunchSpec:
 
 
 def launch(spec: LaunchSpec) -> None:
-    """Run ``spec`` under torchrun on this node; raise LaunchFailed if a rank fails."""
+    """Run ``spec`` under torchrun on this node; raise LaunchFailed if a rank fails, Preempted on SIGTERM.
+
+    torchrun forwards SIGTERM to the ranks and gives them ``spec.shutdown_timeout`` seconds before SIGKILL.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -97,7 +113,14 @@ def launch(spec: LaunchSpec) -> None:
     try:
         run(args)
     except ChildFailedError as e:
-        raise LaunchFailed(_failure_text(e)) from None
+        codes = {rank: f.exitcode for rank, f in (getattr(e, "failures", {}) or {}).items()}
+        if codes and all(c == PREEMPTED_CODE for c in codes.values()):
+            raise Preempted("every rank stopped on SIGTERM") from None
+        raise LaunchFailed(_failure_text(e), codes) from None
+    except SignalException as e:
+        if e.sigval != signal.SIGTERM:
+            raise
+        raise Preempted("the launcher got SIGTERM") from None
 
 
 def _expected_backend(local_processes: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the run summary as one JSON object")
     p.add_argument("--profile", action="store_true",
                    help="per-operator table of rank 0 (torch.profiler) into job.out or beside --json (log.profile)")
-    p.add_argument("--resume", metavar="PATH", help="continue from a checkpoint file (or a folder with last.pt)")
+    p.add_argument("--resume", metavar="PATH",
+                   help="continue from a checkpoint: a step_N.pt file, a sharded step_N/ folder, a checkpoint folder "
+                        "(its newest complete checkpoint), or auto: the newest in checkpoint.dir, a fresh start if none")
+    p.add_argument("--max-restarts", dest="max_restarts", type=int, default=0, metavar="K",
+                   help="with --nproc: torchrun restarts the whole group up to K times after a rank fails; each "
+                        "restart resumes from the newest checkpoint in checkpoint.dir")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration as TOML and exit")
     return p
 
@@ -64,8 +70,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     if cycle and cfg.job.steps < cfg.log.skip_first + cycle:
         raise ConfigError("job.steps", cfg.job.steps, f"too few for ablate.phases: give at least log.skip_first + one "
                           f"cycle of phases x ablate.phase_steps = {cfg.log.skip_first + cycle}")
-    if args.resume and Path(args.resume).is_dir():
-        args.resume = str(Path(args.resume) / "last.pt")
+    if args.max_restarts < 0:
+        raise ConfigError("--max-restarts", args.max_restarts, "must be >= 0")
+    if args.resume == "auto" and not cfg.checkpoint.dir:
+        raise ConfigError("--resume", "auto", "needs checkpoint.dir (--checkpoint.dir FOLDER), where it looks")
     return args, cfg
 
 
@@ -92,10 +100,27 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     resolve_backend(cfg.job.backend, device, world)
     check_amp(cfg.strategy.amp, device)
     check_strategy(cfg.strategy, world, world)
-    if args.resume:
-        load_checkpoint(args.resume)
+    if args.resume and args.resume != "auto":
+        _check_resume(Path(args.resume))
     if args.json and Path(args.json).is_dir():
         raise ConfigError("--json", args.json, "is a folder; give a file path for the summary")
+
+
+def _check_resume(path: Path) -> None:
+    """An explicit --resume must name a readable checkpoint, or a folder that holds one."""
+    from .checkpoint import checkpoint_candidates, is_sharded, load_checkpoint
+    from .dcp import read_meta
+
+    if is_sharded(path):
+        try:
+            read_meta(path)
+        except Exception as e:
+            raise ConfigError("--resume", str(path), f"not a readable sharded checkpoint: {e}") from None
+    elif path.is_dir():
+        if not checkpoint_candidates(path):
+            raise ConfigError("--resume", str(path), "no checkpoint in this folder (step_N.pt, step_N/ or last.pt)")
+    else:
+        load_checkpoint(path)
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
@@ -103,9 +128,9 @@ def _strip_nproc(argv: list[str]) -> list[str]:
     for a in argv:
         if skip:
             skip = False
-        elif a == "--nproc":
+        elif a in ("--nproc", "--max-restarts"):
             skip = True
-        elif not a.startswith("--nproc="):
+        elif not a.startswith(("--nproc=", "--max-restarts=")):
             out.append(a)
     return out
 
@@ -121,17 +146,33 @@ def main(argv: list[str]) -> int:
     if not is_launched():
         preflight(args, cfg)
     if args.nproc and args.nproc > 1 and not is_launched():
-        from ..distributed.launcher import LaunchFailed, LaunchSpec, launch
+        from ..distributed.launcher import LaunchFailed, LaunchSpec, Preempted, launch
+        from ..distributed.watchdog import EXIT_HUNG
+        from .preempt import EXIT_PREEMPTED
 
         spec = LaunchSpec(script="trainscale", module=True, args=["train", *_strip_nproc(argv)],
-                          nproc_per_node=args.nproc, threads=cfg.job.threads, print_table=False)
+                          nproc_per_node=args.nproc, threads=cfg.job.threads, print_table=False,
+                          max_restarts=args.max_restarts, shutdown_timeout=cfg.job.preempt_grace_s)
         try:
             launch(spec)
+        except Preempted:
+            print(f"trainscale train: preempted; {_resume_hint(cfg)}", file=sys.stderr)
+            return EXIT_PREEMPTED
         except LaunchFailed as e:
+            if e.exitcodes and all(c == 2 for c in e.exitcodes.values()):
+                return 2  # bad input met at run time: the ranks printed its one line
             print(f"trainscale train: {e}", file=sys.stderr)
-            return 2  # the exit code of every bad-input error
+            return EXIT_HUNG if EXIT_HUNG in e.exitcodes.values() else 2
         return 0
     return _run_rank(args, cfg)
+
+
+def _resume_hint(cfg: Config) -> str:
+    if not cfg.checkpoint.dir:
+        return "no checkpoint.dir, nothing saved"
+    from .checkpoint import read_latest
+    latest = read_latest(Path(cfg.checkpoint.dir))
+    return f"checkpoint {Path(cfg.checkpoint.dir) / latest if latest else cfg.checkpoint.dir}; continue with --resume auto"
 
 
 def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
@@ -141,15 +182,24 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
     from .run import RunError
     from .trainer import Trainer
 
+    from .checkpoint import CheckpointWriteError
+    from .preempt import EXIT_PREEMPTED
+
     @record  # a failing rank's traceback reaches torchrun, which ends the other ranks and reports it
     def run() -> int:
         try:
-            Trainer(cfg, resume=args.resume, json_path=args.json).fit()  # its run tears the group down
+            summary = Trainer(cfg, resume=args.resume, json_path=args.json).fit()  # its run tears the group down
         except (ConfigError, RunError) as e:  # bad input met only at run time (a loss that is not a scalar)
-            print(f"trainscale train: {e}", file=sys.stderr)
+            if not isinstance(e, CheckpointWriteError) or os.environ.get("RANK", "0") == "0":  # one line per job
+                print(f"trainscale train: {e}", file=sys.stderr)
             return 2  # the exit code of every bad-input error
         finally:
             shutdown()
+        if summary.get("preempted"):
+            if "LOCAL_RANK" not in os.environ:  # under the launcher, the launcher says it once
+                print(f"trainscale train: preempted at step {summary.get('steps')}; {_resume_hint(cfg)}",
+                      file=sys.stderr)
+            return EXIT_PREEMPTED
         return 0
 
     return run()

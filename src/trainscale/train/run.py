@@ -35,7 +35,9 @@ from ..distributed import DistEnv, gather_env_rows, init_distributed
 from ..distributed.table import print_env_table
 from ..log import logger, setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero, optimizer_state_dict
-from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from .checkpoint import (CheckpointWriteError, checkpoint_candidates, is_sharded, load_checkpoint, publish_latest,
+                         save_checkpoint, set_rng_state, state_bytes, warn_skipped, write_error)
+from .guard import Guard
 from .instruments import Instruments, StepMode, merge_phase_stats
 from .progress import ProgressView
 from .summary import median_spread, print_summary, write_summary
@@ -81,6 +83,10 @@ class Run:
         setup_logging(cfg.log.level)
         self.owns_group = not (dist.is_available() and dist.is_initialized())  # then finish() leaves it
         self.env: DistEnv = init_distributed(cfg.job)
+        self.guard = Guard(cfg, self.env)  # watchdog, SIGTERM, injected faults: before the first collective
+        self.preempted = False  # batches() stopped early on SIGTERM: save, then exit with EXIT_PREEMPTED
+        self._pending: Any = None  # an asynchronous sharded checkpoint still being written
+        self._ckpt_group: Any = None  # the checkpoints' own process group (async writes run beside the step)
         torch.manual_seed(cfg.job.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
         self.strategy: Strategy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -133,6 +139,7 @@ class Run:
                                        self.out_dir)
         loader = self.loader(data, data_info) if data is not None else None
         rows = gather_env_rows(self.env)
+        self.guard.start()  # every rank has published its first beat before that collective
         if self.is_main and not os.environ.get("TRAINSCALE_TABLE_PRINTED"):
             print_env_table(rows, world=str(self.env.world_size), nodes=str(self.env.nnodes), master=self.env.master,
                             backend=self.env.backend)
@@ -186,8 +193,14 @@ class Run:
         if self.view is None:
             self.view = ProgressView(self.total_steps, self.cfg.log.progress, self.is_main, start=self.step_count)
             self._window_t0 = self._loop_t0 = ins.t_prev = time.perf_counter()
+        guard = self.guard
         while self.step_count < self.total_steps:
+            if guard.at_boundary(self.step_count):  # one bool test unless a SIGTERM came
+                self.preempted = True
+                logger.warning(f"preempted (SIGTERM): stopping after step {self.step_count}")
+                break
             mode = self._mode = ins.mode(self.step_count - self.start_step)
+            guard.mark("data", self.step_count)
             t0 = time.perf_counter()
             if mode.no_data:
                 self._fixed = self._fixed if self._fixed is not None else next(loader)
@@ -195,6 +208,7 @@ class Run:
             else:
                 batch = next(loader)
             ins.data_wait(time.perf_counter() - t0)
+            guard.mark("compute", self.step_count)
             # DDP exchanges gradients in backward only on the last micro-step (set before forward).
             st.set_grad_sync(self._micro == self.accum - 1 and not mode.no_comm and not ins.calibrating,
                              comm=not mode.no_comm)
@@ -295,23 +309,98 @@ class Run:
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """Checkpoint: model, optimizer, loss scaler, strategy counters, step, loader position, every rank's RNG.
 
-        Collective (call on every rank); rank 0 writes atomically.
+        Collective (call on every rank). ``PATH.pt``: one file, rank 0 writes atomically; any other name:
+        a sharded folder (``torch.distributed.checkpoint``), each rank writes its part (asynchronously
+        with ``checkpoint.async_save``). When complete, the folder's ``latest`` pointer names it. A folder
+        that is unwritable or full raises CheckpointWriteError on every rank; the previous checkpoint stays.
         """
         st = self._need_prepared("save")[0]
-        opt = self.optimizer
-        state = {"model": st.module.state_dict(), "optimizer": optimizer_state_dict(opt, self.env.rank) if opt else {},
-                 "scaler": st.scaler.state_dict(), "strategy": st.state_dict(), "step": self.step_count,
-                 "loader": self.loaders[0].state_dict() if self.loaders else None,
-                 "world_size": self.env.world_size, "config": config_to_dict(self.cfg), **(extra or {})}
-        save_checkpoint(Path(path), state, self.env.rank, self.env.world_size)
+        path = Path(path)
+        self.wait_for_checkpoint()
+        self.guard.mark("checkpoint", self.step_count, f"writing {path.name}")
+        meta = {"scaler": st.scaler.state_dict(), "strategy": st.state_dict(), "step": self.step_count,
+                "loader": self.loaders[0].state_dict() if self.loaders else None,
+                "world_size": self.env.world_size, "config": config_to_dict(self.cfg), **(extra or {})}
+        if path.suffix == ".pt":
+            opt = self.optimizer
+            state = {"model": st.module.state_dict(),
+                     "optimizer": optimizer_state_dict(opt, self.env.rank) if opt else {}, **meta}
+            save_checkpoint(path, state, self.env.rank, self.env.world_size,
+                            during=lambda: self.guard.in_checkpoint(self.step_count))
+        else:
+            self._save_sharded(path, meta)
+        self.guard.mark("checkpoint", self.step_count, f"wrote {path.name}")
+
+    def _save_sharded(self, path: Path, meta: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint import CheckpointException
+
+        from .dcp import dcp_save
+        st = self._need_prepared("save")[0]
+        if self._ckpt_group is None and self.env.world_size > 1:
+            self._ckpt_group = dist.new_group(backend="gloo")  # collective; async writes must not share the step's group
+        if self.is_main:
+            (path / ".metadata").unlink(missing_ok=True)  # a folder left by a crashed attempt is not complete
+        self.guard.in_checkpoint(self.step_count)
+        asynchronous = self.cfg.checkpoint.async_save
+        try:
+            fut = dcp_save(path, st.module, self.optimizer, meta, self.env.rank, self._ckpt_group, asynchronous)
+        except (CheckpointException, OSError) as e:
+            raise self._sharded_error(path, e, meta) from None
+        if fut is None:
+            if self.is_main:
+                publish_latest(path)
+            return
+        self._pending = (path, fut, meta)
+        if asynchronous and self.is_main:
+            logger.debug(f"writing {path} in the background")
+
+    def _sharded_error(self, path: Path, err: BaseException, meta: dict[str, Any]) -> CheckpointWriteError:
+        from .dcp import build_state
+        st = self._need_prepared("save")[0]
+        needed = state_bytes(build_state(st.module, self.optimizer, meta, self.env.rank)) * self.env.world_size
+        cause: BaseException = err
+        for failure in getattr(err, "failures", {}).values():  # DCP gathers every rank's exception
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            break
+        while cause.__cause__ is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__
+        return write_error(path, cause, needed)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until an asynchronous checkpoint is complete, then publish it (collective only through DCP)."""
+        if self._pending is None:
+            return
+        path, fut, meta = self._pending
+        self._pending = None
+        try:
+            fut.result()
+        except Exception as e:
+            raise self._sharded_error(path, e, meta) from None
+        if self.is_main:
+            publish_latest(path)
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Resume from ``save``'s file: the next step continues where that run stopped. Returns the state."""
+        """Resume from ``save``'s checkpoint: the next step continues where that run stopped. Returns the state.
+
+        ``path``: a ``.pt`` file, a sharded folder (loaded at this world size: DCP reshards), or a checkpoint
+        folder, whose newest complete checkpoint is used (the one ``latest`` names; an unreadable one is
+        skipped with a warning). A folder with none: nothing is loaded and ``{}`` comes back.
+        """
         st = self._need_prepared("load")[0]
-        state = load_checkpoint(str(path))
-        st.module.load_state_dict(state["model"])
-        if self.optimizer is not None and state.get("optimizer"):
-            self.optimizer.load_state_dict(state["optimizer"])
+        target = self._choose_checkpoint(Path(path))
+        if target is None:
+            logger.info(f"no checkpoint in {path}: starting from step 0")
+            return {}
+        if is_sharded(target):
+            from .dcp import dcp_load
+            state = dcp_load(target, st.module, self.optimizer, self.env.rank, self._ckpt_group)
+            rngs: list[Any] = []
+        else:
+            state = load_checkpoint(str(target))
+            st.module.load_state_dict(state["model"])
+            if self.optimizer is not None and state.get("optimizer"):
+                self.optimizer.load_state_dict(state["optimizer"])
+            rngs = state.get("rng") or []
         st.scaler.load_state_dict(state["scaler"])
         self.step_count = self.start_step = int(state["step"])
         st.load_state_dict(state.get("strategy") or {"steps": self.step_count})
@@ -320,11 +409,35 @@ class Run:
                            "processes: the data order will differ from the original run")
         if self.loaders and state.get("loader"):
             self.loaders[0].load_state_dict(state["loader"])
-        rngs = state.get("rng") or []
         if self.env.rank < len(rngs):
             set_rng_state(rngs[self.env.rank])
-        logger.info(f"resumed from {path} at step {self.step_count}")
+        self.guard.record_resume(self.step_count)
+        logger.info(f"resumed from {target} at step {self.step_count}")
         return state
+
+    def _choose_checkpoint(self, path: Path) -> Path | None:
+        """Rank 0 picks the newest readable checkpoint under ``path``; every rank gets its choice."""
+        if path.suffix == ".pt" or is_sharded(path):
+            return path
+        if not path.is_dir():  # --resume auto before the first checkpoint: a fresh start
+            return None
+        choice: list[Any] = [None]
+        if self.is_main:
+            for cand in checkpoint_candidates(path):
+                try:
+                    if is_sharded(cand):
+                        from .dcp import read_meta
+                        read_meta(cand)
+                    else:
+                        load_checkpoint(cand)
+                except Exception as e:
+                    warn_skipped(cand, e)
+                    continue
+                choice[0] = str(cand)
+                break
+        if self.env.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)
+        return Path(choice[0]) if choice[0] else None
 
     # ------------------------------------------------------------------ the end
     def end_training(self) -> None:
@@ -346,6 +459,7 @@ class Run:
         if self._finished:
             return self.summary or {}
         self.end_training()
+        self.wait_for_checkpoint()
         summary = self._summary(extra or {}) if self.strategy is not None else {}
         self.summary = summary
         if self.is_main and summary:
@@ -358,6 +472,7 @@ class Run:
 
     def _teardown(self, barrier: bool) -> None:
         self._finished = True
+        self.guard.close()
         # DDP's reducer sits in reference cycles; left to interpreter shutdown, Gloo's threads can outlive the
         # tensors they hold and the rank aborts ("terminate called without an active exception"). Free it now
         # (the user's prepared model keeps working, on the plain module), and let no rank tear down while
@@ -432,6 +547,8 @@ class Run:
             "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
             "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
             "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
+            "restarts": self.guard.attempt, "steps_redone": self.guard.steps_redone(self.start_step),
+            "resumed_from_step": self.start_step, "preempted": self.preempted,
             "wall_s": time.perf_counter() - self._loop_t0, "config": config_to_dict(cfg), "loss_curve": self.loss_curve,
             "strategy": {k: getattr(cfg.strategy, k) for k in ("hierarchical", "compression", "comm_groups",
                                                                 "local_sgd_period", "local_sgd_warmup", "shard_optimizer")},

@@ -13,9 +13,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
+from ..log import logger
 from ..data import DataInfo, build_datasets, eval_batches
 from ..distributed import DistEnv
 from ..models import build_model, import_callable
+from .checkpoint import CheckpointWriteError, prune
 from .evaluate import evaluate
 from .run import init
 from .schedule import lr_at
@@ -103,8 +105,10 @@ class Trainer:
         model = model.to(run.device)
         opt = build_optimizer(model.parameters(), cfg)
         model, opt, loader = run.prepare(model, opt, self.training_data(), data_info=self.info)
-        if self.resume:
-            run.load(self.resume)
+        # A torchrun restart resumes by itself: every attempt after the first continues from the newest checkpoint.
+        resume = self.resume or ("auto" if run.guard.attempt > 0 and cfg.checkpoint.dir else None)
+        if resume:
+            run.load(cfg.checkpoint.dir if resume == "auto" else resume)
         self.run, self.model = run, model  # the prepared model stays readable after fit()
         for x, y in run.batches(loader, steps=cfg.job.steps):
             for group in opt.param_groups:
@@ -118,10 +122,18 @@ class Trainer:
             if cfg.checkpoint.dir and cfg.checkpoint.every and run.step_count % cfg.checkpoint.every == 0:
                 with run.untimed():
                     self._checkpoint()
-        run.end_training()  # local SGD's replicas averaged: evaluation and the checkpoint see one model
-        self._evaluate()
-        if cfg.checkpoint.dir:
-            self._checkpoint(final=True)
+        if run.preempted:  # SIGTERM: the checkpoint of this step, then a summary that says so
+            if cfg.checkpoint.dir:
+                with run.untimed():
+                    self._checkpoint()
+            else:
+                logger.warning("preempted without checkpoint.dir: the steps done so far are lost")
+            run.end_training()
+        else:
+            run.end_training()  # local SGD's replicas averaged: evaluation and the checkpoint see one model
+            self._evaluate()
+            if cfg.checkpoint.dir:
+                self._checkpoint(final=True)
         name = cfg.model.name if self.user_model is None else type(self.user_model).__name__
         return run.finish({"model": name, "data": data_name})
 
@@ -136,6 +148,7 @@ class Trainer:
         if cfg.job.loss != "cross_entropy":  # any loss: the generic exact evaluation
             return tuple(run.evaluate(self.eval_data, resolve_loss(cfg.job.loss)).values())  # type: ignore[return-value]
         st = run.strategy
+        run.guard.mark("evaluate", run.step_count)
         batches = eval_batches(self.eval_data, self.info, run.device, cfg.data.batch_size, run.env.rank,
                                run.env.world_size)
         run.eval_result = evaluate(st.module, batches, run.device, st.autocast)
@@ -145,10 +158,17 @@ class Trainer:
         return run.eval_result
 
     def _checkpoint(self, final: bool = False) -> None:
+        """Write ``step_N`` (or ``last`` at the end) in the configured format; ``checkpoint.on_error`` on failure."""
         ck, run = self.cfg.checkpoint, self.run
         folder = Path(ck.dir)
-        run.save(folder / ("last.pt" if final else f"step_{run.step_count}.pt"))
+        stem = "last" if final else f"step_{run.step_count}"
+        try:
+            run.save(folder / (stem + ".pt" if ck.format == "file" else stem))
+        except CheckpointWriteError as e:
+            if ck.on_error == "stop":
+                raise
+            if run.is_main:
+                logger.warning(f"{e}; training on (checkpoint.on_error = warn)")
+            return
         if run.is_main and not final:
-            old = sorted(folder.glob("step_*.pt"), key=lambda q: int(q.stem.split("_")[1]))
-            for q in old[:-ck.keep]:
-                q.unlink(missing_ok=True)
+            prune(folder, ck.keep)

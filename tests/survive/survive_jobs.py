@@ -1,0 +1,90 @@
+"""Helpers of the survival tests: a job in its own session, killed as a group whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+# 1,500 digits / (2 x 16) = 47 steps per epoch: 40 steps, a checkpoint every 10.
+JOB = ["--model", "mlp", "--model.width", "32", "--data", "digits", "--batch-size", "16", "--steps", "40",
+       "--checkpoint.every", "10", "--log.progress", "lines", "--log.every", "5", "--log.skip_first", "1"]
+
+
+@dataclass
+class Done:
+    rc: int
+    text: str
+    wall_s: float
+    left: list[int]  # processes of the job's session still alive after it ended
+
+
+def start(args: list[str], fault: str = "") -> subprocess.Popen:
+    """``trainscale ARGS`` in a new session (so the test can end every process of it)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("RANK", None)
+    if fault:
+        env["TRAINSCALE_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "trainscale", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, start_new_session=True)
+
+
+def session_pids(sid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.info["pid"]) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.info["pid"])
+        except (ProcessLookupError, psutil.Error, OSError):
+            pass
+    return out
+
+
+def finish(p: subprocess.Popen, timeout: float) -> Done:
+    """Wait for the job; past ``timeout`` kill its whole session (and fail the caller's assertion on rc)."""
+    t0 = time.monotonic()
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        out += f"\n[test] killed after {timeout} s"
+    time.sleep(0.5)  # reaped children disappear from the table
+    left = session_pids(p.pid)
+    for pid in left:  # never leave a process behind, whatever the verdict
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return Done(p.returncode, out, time.monotonic() - t0, left)
+
+
+def run(args: list[str], timeout: float = 180, fault: str = "") -> Done:
+    return finish(start(args, fault), timeout)
+
+
+def wait_for(path: Path, p: subprocess.Popen, timeout: float) -> float:
+    """Wait until ``path`` exists (or the job ended); return the monotonic time it appeared."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and p.poll() is None:
+        if path.exists():
+            return time.monotonic()
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["model"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

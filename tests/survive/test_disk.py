@@ -1,0 +1,116 @@
+"""A checkpoint folder that turns read-only or fills up: one line, and the previous checkpoint still loads."""
+
+import errno
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainscale
+from trainscale.train.checkpoint import CheckpointWriteError, load_checkpoint, read_latest
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    """Mount a tiny tmpfs (root only); False where the machine does not allow it."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", f"ts{uuid.uuid4().hex[:6]}", str(path)],
+                       capture_output=True, timeout=20)
+    return r.returncode == 0
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=20)
+
+
+def _run(tmp_path):
+    run = trainscale.init(args=["--log.progress", "none", "--job.heartbeat_s", "0"])
+    model = torch.nn.Linear(64, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 256)),
+                                       batch_size=16)
+    model, opt, loader = run.prepare(model, opt, data)
+    for x, y in run.batches(loader, steps=2):
+        run.backward(torch.nn.functional.mse_loss(model(x), y))
+        run.step()
+    return run
+
+
+def _check_one_line_and_previous_loads(err: CheckpointWriteError, folder: Path) -> None:
+    line = str(err)
+    assert "\n" not in line and str(folder) in line and "step_2.pt" in line and "needs about" in line, line
+    assert "step_1.pt is intact" in line, line
+    assert read_latest(folder) == "step_1.pt"
+    assert load_checkpoint(folder / "step_1.pt")["step"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_read_only_folder_mid_run(tmp_path, monkeypatch):
+    folder = tmp_path / "ck"
+    mounted = os.geteuid() == 0 and _tmpfs(folder, "4m")
+    run = _run(tmp_path)
+    try:
+        run.step_count = 1
+        run.save(folder / "step_1.pt")
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, timeout=20)
+        else:  # no mount here: the same error as the kernel's
+            import tempfile
+            def ro(*a, **k):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+            monkeypatch.setattr(tempfile, "mkstemp", ro)
+        run.step_count = 2
+        with pytest.raises(CheckpointWriteError) as e:
+            run.save(folder / "step_2.pt")
+        assert "Read-only file system" in str(e.value)
+        monkeypatch.undo()
+        _check_one_line_and_previous_loads(e.value, folder)
+    finally:
+        run.finish()
+        if mounted:
+            _umount(folder)
+
+
+@pytest.mark.timeout(120)
+def test_full_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "ck"
+    # One checkpoint of this model is ~200 KB (weights + momentum): a 300 KB file system holds one, not two.
+    mounted = os.geteuid() == 0 and _tmpfs(folder, "300k")
+    run = _run(tmp_path)
+    try:
+        run.step_count = 1
+        run.save(folder / "step_1.pt")
+        if not mounted:  # no tmpfs here: a simulated ENOSPC from the file system
+            import shutil
+            real = shutil.disk_usage
+            monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+        run.step_count = 2
+        with pytest.raises(CheckpointWriteError) as e:
+            run.save(folder / "step_2.pt")
+        assert "No space left on device" in str(e.value)
+        monkeypatch.undo()
+        _check_one_line_and_previous_loads(e.value, folder)
+        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
+    finally:
+        run.finish()
+        if mounted:
+            _umount(folder)
+
+
+@pytest.mark.timeout(120)
+def test_on_error_warn_trains_on_and_cli_says_one_line(tmp_path):
+    from survive_jobs import run as run_job
+    folder = tmp_path / "ck"
+    folder.write_text("a file where the folder should be")  # unwritable for root too
+    r = run_job(["train", "--model", "mlp", "--model.width", "16", "--steps", "4", "--checkpoint.every", "2",
+                 "--checkpoint.dir", str(folder), "--log.progress", "none"], timeout=100)
+    assert r.rc == 2, r.text
+    lines = [ln for ln in r.text.splitlines() if ln.startswith("trainscale train:")]
+    assert len(lines) == 1 and "checkpoint.dir" in lines[0] and "cannot write step_2.pt" in lines[0], r.text
+    assert "Traceback" not in r.text
+    r = run_job(["train", "--model", "mlp", "--model.width", "16", "--steps", "4", "--checkpoint.every", "2",
+                 "--checkpoint.dir", str(folder), "--checkpoint.on_error", "warn", "--log.progress", "none"], 100)
+    assert r.rc == 0, r.text
+    assert "training on (checkpoint.on_error = warn)" in r.text

@@ -1,0 +1,57 @@
+"""Pure parts of the survival kit: the hang verdict, the preemption agreement, the latest pointer's fallback."""
+
+import torch
+import torch.distributed as dist
+
+from trainscale.distributed.watchdog import Beat, verdict
+from trainscale.train.checkpoint import checkpoint_candidates, load_checkpoint, prune, publish_latest
+from trainscale.train.preempt import Preemption
+
+
+def _beat(rank, step, phase, pid=100):
+    return Beat(rank=rank, beat=1, step=step, phase=phase, progress=1, pid=pid + rank, host="h")
+
+
+def test_verdict_names_the_silent_rank_first_then_the_one_behind():
+    beats = [_beat(0, 12, "compute"), _beat(1, 12, "compute"), _beat(2, 12, "data")]
+    culprits, line = verdict(beats, {1}, 11.0, 10)
+    assert culprits == [1] and line.startswith("rank 1 (pid 101 on h") and "heartbeat stopped" in line
+    culprits, line = verdict(beats, set(), 11.0, 10)
+    assert culprits == [2] and "behind" in line and "rank 0 waited in step 13 (compute)" in line
+
+
+def test_preemption_agrees_on_one_step_past_every_rank():
+    store = dist.HashStore()
+    a, b = (Preemption(store, r, 2, lead=1) for r in (0, 1))
+    a.requested = True
+    assert not a.should_stop(7)  # b has not posted: a goes on
+    b.poll_store()
+    assert b.requested
+    assert not b.should_stop(8)  # both posted: stop after step 9 (the later post + 1)
+    assert not a.should_stop(8)
+    assert a.should_stop(9) and b.should_stop(9)
+    a.uninstall(), b.uninstall()
+
+
+def test_resume_falls_back_past_an_unreadable_newest(tmp_path):
+    state = {"model": {"w": torch.ones(2)}, "step": 10}
+    torch.save(state, tmp_path / "step_10.pt")
+    (tmp_path / "step_20.pt").write_bytes(b"truncated")
+    publish_latest(tmp_path / "step_20.pt")
+    cands = checkpoint_candidates(tmp_path)
+    assert [c.name for c in cands] == ["step_20.pt", "step_10.pt"]
+    readable = []
+    for c in cands:
+        try:
+            readable.append(load_checkpoint(c)["step"])
+        except ValueError:
+            continue
+    assert readable == [10]
+
+
+def test_prune_keeps_the_latest_and_the_newest(tmp_path):
+    for s in (10, 20, 30, 40):
+        torch.save({"model": {}, "step": s}, tmp_path / f"step_{s}.pt")
+    publish_latest(tmp_path / "step_40.pt")
+    prune(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_30.pt", "step_40.pt"]
