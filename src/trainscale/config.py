@@ -256,12 +256,24 @@ class LogConfig(_Section):
     skip_first: int = _f(3, "steps excluded from timing as warm-up")
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
-    profile: bool = _f(False, "profile the measured steps of rank 0 with torch.profiler; per-operator table in job.out")
+    profile: bool = _f(False, "profile the measured steps with torch.profiler: rank 0's per-operator table and "
+                       "each rank's Chrome trace (trace_rankN.json) in the run's folder")
+    metrics: bool = _f(True, "rank 0 appends one JSON line per log point to metrics.jsonl in the run's folder "
+                       "(job.out, else beside --json), flushed: a crashed run keeps its curve")
+    tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = _f(
+        "none", "also send the log points to: tensorboard (event files), mlflow (local file store), wandb (offline); "
+        "written under log.tracker_dir")
+    tracker_dir: str = _f("", "where the tracker writes; empty: the run's folder (tensorboard/, mlruns/, wandb/ in it)")
+    run_name: str = _f("", "the run's name in the tracker; empty: the tracker's own")
+    timeline: bool = _f(False, "write timeline.json (Chrome trace / Perfetto) in the run's folder: per rank, spans for "
+                        "data wait, forward+backward, waiting for the slowest rank, exposed communication, optimizer")
+    timeline_steps: int = _f(50, "how many of the last measured steps the timeline keeps")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("every", 1)
         self._at_least("skip_first", 0)
+        self._at_least("timeline_steps", 1)
 
 
 # The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).

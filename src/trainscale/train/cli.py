@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the run summary as one JSON object")
     p.add_argument("--profile", action="store_true",
                    help="per-operator table of rank 0 (torch.profiler) into job.out or beside --json (log.profile)")
+    p.add_argument("--timeline", action="store_true",
+                   help="per-rank timeline.json (Chrome trace / Perfetto) in job.out or beside --json (log.timeline)")
     p.add_argument("--resume", metavar="PATH", help="continue from a checkpoint file (or a folder with last.pt)")
     p.add_argument("--print-config", action="store_true", help="print the resolved configuration as TOML and exit")
     return p
@@ -50,6 +52,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     extra = {key: getattr(args, short) for short, key in SHORT.items() if getattr(args, short) is not None}
     if args.profile:
         extra["log.profile"] = True
+    if args.timeline:
+        extra["log.timeline"] = True
     cfg = load_config(rest, args.config, extra)
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError("--nproc", args.nproc, "must be >= 1")
