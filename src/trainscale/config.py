@@ -263,7 +263,8 @@ class LogConfig(_Section):
     tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = _f(
         "none", "also send the log points to: tensorboard (event files), mlflow (local file store), wandb (offline); "
         "written under log.tracker_dir")
-    tracker_dir: str = _f("", "where the tracker writes; empty: the run's folder (tensorboard/, mlruns/, wandb/ in it)")
+    tracker_dir: str = _f("", "where the tracker writes; empty: the run's folder (tensorboard/, mlruns/, wandb/ in it); "
+                          "mlflow also takes a tracking URI (sqlite:///mlflow.db, http://host:5000)")
     run_name: str = _f("", "the run's name in the tracker; empty: the tracker's own")
     timeline: bool = _f(False, "write timeline.json (Chrome trace / Perfetto) in the run's folder: per rank, spans for "
                         "data wait, forward+backward, waiting for the slowest rank, exposed communication, optimizer")

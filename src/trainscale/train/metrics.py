@@ -21,17 +21,21 @@ __all__ = ["MetricsLog"]
 class MetricsLog:
     """``metrics.jsonl`` in ``folder`` (None: no file) and the chosen tracker."""
 
-    def __init__(self, folder: Path | None, tracker: str, tracker_folder: Path, config: dict[str, Any],
-                 append: bool = False, run_name: str = ""):
+    def __init__(self, folder: Path | None, tracker: str, tracker_folder: Path | str, config: dict[str, Any],
+                 run_name: str = ""):
         self.path = folder / "metrics.jsonl" if folder is not None else None
+        self.written: Path | None = None  # the file, once a point went into it
+        self.append = False  # a resumed run continues its file (set by run.load before the first point)
         self._file: TextIO | None = None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # a resumed run continues it
+        # Opened here, before the first step: importing a tracker takes seconds that are no step's time.
         self.tracker: Tracker | None = open_tracker(tracker, tracker_folder, config, run_name)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """One log point: a flushed line, then the tracker."""
+        if self._file is None and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a" if self.append else "w", encoding="utf-8")
+            self.written = self.path
         if self._file is not None:
             row = {"step": step, "time": round(time.time(), 3),
                    **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
@@ -48,6 +52,7 @@ class MetricsLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self.path = None  # closed for good: a late point must not reopen (and truncate) the file
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

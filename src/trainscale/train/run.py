@@ -138,6 +138,8 @@ class Run:
         self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, self.strategy.module,
                                        self.out_dir)
         loader = self.loader(data, data_info) if data is not None else None
+        if self.is_main:
+            self._live_metrics()  # the tracker's import and set-up, before the first timed step
         rows = gather_env_rows(self.env)
         if self.is_main and not os.environ.get("TRAINSCALE_TABLE_PRINTED"):
             print_env_table(rows, world=str(self.env.world_size), nodes=str(self.env.nnodes), master=self.env.master,
@@ -284,8 +286,8 @@ class Run:
         if self.metrics is None:
             log = self.cfg.log
             folder = self.run_dir if log.metrics else None
-            self.metrics = MetricsLog(folder, log.tracker, Path(log.tracker_dir) if log.tracker_dir else self.out_dir,
-                                      config_to_dict(self.cfg), append=self.start_step > 0, run_name=log.run_name)
+            self.metrics = MetricsLog(folder, log.tracker, log.tracker_dir or self.out_dir,
+                                      config_to_dict(self.cfg), run_name=log.run_name)
         return self.metrics
 
     def untimed(self) -> Any:
@@ -337,6 +339,8 @@ class Run:
             self.optimizer.load_state_dict(state["optimizer"])
         st.scaler.load_state_dict(state["scaler"])
         self.step_count = self.start_step = int(state["step"])
+        if self.metrics is not None:
+            self.metrics.append = True  # continue the interrupted run's metrics.jsonl
         st.load_state_dict(state.get("strategy") or {"steps": self.step_count})
         if state.get("world_size") != self.env.world_size:
             logger.warning(f"resuming a {state.get('world_size')}-process checkpoint on {self.env.world_size} "
@@ -474,8 +478,8 @@ class Run:
         }
         if timeline:
             out["timeline"] = timeline
-        if self.metrics is not None and self.metrics.path is not None:
-            out["metrics_jsonl"] = str(self.metrics.path)
+        if self.metrics is not None and self.metrics.written is not None:
+            out["metrics_jsonl"] = str(self.metrics.written)
         if self.optimizer is not None:
             out.update(st.report(self.optimizer, cfg.log.skip_first, a.comm))
         out.update(ins.artefacts)

@@ -48,9 +48,12 @@ class _TensorBoard:
 
 
 class _MLflow:
-    def __init__(self, folder: Path, config: dict[str, Any], run_name: str):
+    def __init__(self, uri: str, config: dict[str, Any], run_name: str):
+        # MLflow 3 keeps its file store in maintenance mode behind this switch; it is still the one store that
+        # needs no database and no server (a sqlite:// or http:// log.tracker_dir is used as given).
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
-        self.client = MlflowClient(tracking_uri=folder.resolve().as_uri())  # a local file store
+        self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name("trainscale")
         exp_id = exp.experiment_id if exp else self.client.create_experiment("trainscale")
         self.run_id = self.client.create_run(exp_id, run_name=run_name or None).info.run_id
@@ -80,16 +83,22 @@ class _Wandb:
         self.run.finish()
 
 
-def open_tracker(name: str, folder: Path, config: dict[str, Any], run_name: str = "") -> Tracker | None:
-    """The chosen tracker writing under ``folder`` (tensorboard/, mlruns/ or wandb/ there); None for none."""
+def open_tracker(name: str, folder: Path | str, config: dict[str, Any], run_name: str = "") -> Tracker | None:
+    """The chosen tracker writing under ``folder`` (tensorboard/, mlruns/ or wandb/ there); None for none.
+
+    For mlflow, ``folder`` may also be a tracking URI (``sqlite:///mlflow.db``, ``http://host:5000``).
+    """
     if name == "none":
         return None
     check_tracker(name)
+    if name == "mlflow" and ("://" in str(folder) or str(folder).startswith("sqlite:")):
+        return _MLflow(str(folder), config, run_name)
+    folder = Path(folder)
     if name == "tensorboard":
         return _TensorBoard(folder / "tensorboard", config)
     if name == "mlflow":
         (folder / "mlruns").mkdir(parents=True, exist_ok=True)
-        return _MLflow(folder / "mlruns", config, run_name)
+        return _MLflow((folder / "mlruns").resolve().as_uri(), config, run_name)
     folder.mkdir(parents=True, exist_ok=True)
     return _Wandb(folder, config, run_name)
 

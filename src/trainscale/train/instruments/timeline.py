@@ -2,7 +2,8 @@
 
 Built from host clock readings the run takes anyway or adds at no cost (``time.perf_counter`` at the
 step's seams) and from the compute clock; no host sync is added to the step. Per rank and step, the
-spans tile the step exactly: data wait, host work before forward, forward + backward (the compute
+spans tile the step exactly: data wait, host work before forward (a log point's metrics, the user's
+code between steps), forward + backward (the compute
 clock), waiting for the slowest rank (its compute minus this rank's, from the gathered clocks),
 exposed communication (the rest, until the optimizer starts) and the optimizer.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 __all__ = ["StepTimeline", "build_trace", "write_trace", "SPANS"]
 
-SPANS = ("data wait", "host", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
+SPANS = ("data wait", "host work", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
 
 Row = tuple[int, float, float, float, float, float, float, float]  # step, t0, wait, fb0, compute, call, opt, end
 
