@@ -38,6 +38,9 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON file; a run summary is parsed strictly and validated against the shipped schema first."""
+    from summaries import check_summary_file
+    check_summary_file(Path(path))
     return json.loads(Path(path).read_text())
 
 

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "doctor": ("trainscale.lab.doctor", "controlled experiments that name why a job does not scale"),
     "ps": ("trainscale.ps.cli", "parameter-server training on Ray"),
     "plan": ("trainscale.sim.cli", "forecast speed-up on a cluster before paying for it"),
+    "env": ("trainscale.about", "versions, devices, cores, threads and /dev/shm of this machine, for bug reports"),
 }
 
 USAGE = "usage: trainscale COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(

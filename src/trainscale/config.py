@@ -37,6 +37,7 @@ __all__ = [
     "config_to_dict",
     "config_to_toml",
     "describe_fields",
+    "field_options",
 ]
 
 
@@ -96,7 +97,8 @@ class JobConfig(_Section):
     preempt_grace_s: int = _f(30, "after SIGTERM to the launcher, seconds the ranks get to reach a step boundary and "
                                   "write the checkpoint before torchrun kills them (torchrun's --shutdown-timeout)")
     eval_every: int = _f(0, "evaluate every N steps; 0: only at the end")
-    out: str = _f("", "folder for run artefacts (profile tables); empty: beside --json, or none")
+    out: str = _f("", "the run's folder for artefacts (metrics.jsonl, timeline.json, profiles, tracker files); "
+                   "empty: beside --json, or none")
     slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
     slow_factor: float = _f(1.0, "fault injection: compute-time multiplier of job.slow_rank (e.g. 1.5)")
     loss: str = _f("cross_entropy", "loss of trainscale train: cross_entropy, mse, l1, or a user's "
@@ -276,12 +278,25 @@ class LogConfig(_Section):
     skip_first: int = _f(3, "steps excluded from timing as warm-up")
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
-    profile: bool = _f(False, "profile the measured steps of rank 0 with torch.profiler; per-operator table in job.out")
+    profile: bool = _f(False, "profile the measured steps with torch.profiler: rank 0's per-operator table and "
+                       "each rank's Chrome trace (trace_rankN.json) in the run's folder")
+    metrics: bool = _f(True, "rank 0 appends one JSON line per log point to metrics.jsonl in the run's folder "
+                       "(job.out, else beside --json), flushed: a crashed run keeps its curve")
+    tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = _f(
+        "none", "also send the log points to: tensorboard (event files), mlflow (local file store), wandb (offline); "
+        "written under log.tracker_dir")
+    tracker_dir: str = _f("", "where the tracker writes; empty: the run's folder (tensorboard/, mlruns/, wandb/ in it); "
+                          "mlflow also takes a tracking URI (sqlite:///mlflow.db, http://host:5000)")
+    run_name: str = _f("", "the run's name in the tracker; empty: the tracker's own")
+    timeline: bool = _f(False, "write timeline.json (Chrome trace / Perfetto) in the run's folder: per rank, spans for "
+                        "data wait, forward+backward, waiting for the slowest rank, exposed communication, optimizer")
+    timeline_steps: int = _f(50, "how many of the last measured steps the timeline keeps")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("every", 1)
         self._at_least("skip_first", 0)
+        self._at_least("timeline_steps", 1)
 
 
 # The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).
@@ -471,13 +486,23 @@ def apply_overrides(cfg: Config, values: dict[str, Any]) -> Config:
     for key, raw in values.items():
         section, _, fname = key.partition(".")
         if section not in merged:
-            raise ConfigError(key, raw, "unknown section; sections are " + ", ".join(merged))
+            raise ConfigError(key, raw, "unknown section;" + _did_you_mean(key, merged) + " sections are "
+                              + ", ".join(merged))
         sec_obj = getattr(cfg, section)
         hints = typing.get_type_hints(type(sec_obj))
         if fname not in merged[section]:
-            raise ConfigError(key, raw, f"unknown field of [{section}]; fields are " + ", ".join(merged[section]))
+            raise ConfigError(key, raw, f"unknown field of [{section}];" + _did_you_mean(key, merged)
+                              + " fields are " + ", ".join(merged[section]))
         merged[section][fname] = _coerce(key, raw, hints[fname])
     return Config(**{name: type(getattr(cfg, name))(**fields) for name, fields in merged.items()})
+
+
+def _did_you_mean(key: str, merged: dict[str, dict[str, Any]]) -> str:
+    """" did you mean strategy.bucket_mb?" for a misspelled ``section.field``, else ""."""
+    import difflib
+    keys = [f"{sec}.{f}" for sec, fields in merged.items() for f in fields]
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return f" did you mean {close[0]}?" if close else ""
 
 
 def _flatten_toml(data: dict[str, Any], path: str) -> dict[str, Any]:
@@ -561,6 +586,23 @@ def config_to_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
             lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}  # {f.metadata.get('doc', '')}")
         lines.append("")
     return "\n".join(lines)
+
+
+def field_options(sections: tuple[str, ...] | None = None) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """Per section: (name, its docstring, [(--section.field, help text)]) for grouped ``--help`` pages."""
+    out = []
+    for name, sec in _sections(Config()).items():
+        if sections and name not in sections:
+            continue
+        hints = typing.get_type_hints(type(sec))
+        opts = []
+        for f in dataclasses.fields(sec):
+            default = getattr(sec, f.name)
+            shown = _toml_value(default) if not isinstance(default, str) else (repr(default) if default else "''")
+            opts.append((f"--{name}.{f.name}", f"{f.metadata.get('doc', '')} [{_type_name(hints[f.name])}, "
+                                               f"default {shown}]"))
+        out.append((name, (type(sec).__doc__ or "").strip().splitlines()[0], opts))
+    return out
 
 
 def describe_fields(sections: tuple[str, ...] | None = None) -> str:

@@ -9,7 +9,6 @@ reproduced by hand.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -151,7 +150,8 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
-    summary = json.loads(spec.json_path.read_text())
+    from ..train.summary import read_summary
+    summary = read_summary(spec.json_path)  # nulls (unmeasured numbers) back to NaN, as the analysis expects
     summary["command"] = spec.shell()
     return summary
 

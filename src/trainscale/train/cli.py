@@ -7,14 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-from ..config import Config, ConfigError, config_to_toml, describe_fields, load_config
+from ..config import Config, ConfigError, config_to_toml, field_options, load_config
 
 __all__ = ["main", "parse"]
 
 SHORT = {"model": "model.name", "data": "data.name", "steps": "job.steps", "batch_size": "data.batch_size"}
 
-EPILOG = """Any configuration field can be set as --section.field VALUE (after --config FILE, which it overrides):
-{fields}
+SECTIONS = ("job", "model", "data", "optim", "strategy", "checkpoint", "log", "ablate")
+
+EPILOG = """Every field can also be set in --config FILE ([section] tables); --section.field VALUE overrides it.
 
 examples:
   trainscale train --nproc 2                                  # the embedded default: mlp on digits, 2 processes
@@ -26,10 +27,14 @@ examples:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="trainscale train", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a model with synchronous data parallelism (DDP, one process per device).",
-        epilog=EPILOG.format(fields=describe_fields(("job", "model", "data", "optim", "strategy", "checkpoint",
-                                                    "log", "ablate"))))
+        prog="trainscale train", formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+        usage="trainscale train [--config FILE] [--nproc N] [--json PATH] [--section.field VALUE ...]",
+        description="Train a model with synchronous data parallelism (DDP, one process per device).", epilog=EPILOG)
+    for name, doc, opts in field_options(SECTIONS):
+        group = p.add_argument_group(f"[{name}] " + doc.rstrip(".").replace("``", ""))
+        for flag, text in opts:
+            # Kept as strings and SUPPRESSed when absent: the config layer coerces, validates and layers them.
+            group.add_argument(flag, dest=flag[2:], metavar="VALUE", default=argparse.SUPPRESS, help=text)
     p.add_argument("--config", metavar="FILE", help="TOML file with [section] tables")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="launch N processes on this machine (ignored when already started by a launcher)")
@@ -39,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", dest="batch_size", help="samples per process per micro-step (data.batch_size)")
     p.add_argument("--json", metavar="PATH", help="write the run summary as one JSON object")
     p.add_argument("--profile", action="store_true",
-                   help="per-operator table of rank 0 (torch.profiler) into job.out or beside --json (log.profile)")
+                   help="torch.profiler: rank 0's per-operator table and every rank's Chrome trace, into job.out or "
+                        "beside --json (log.profile)")
+    p.add_argument("--timeline", action="store_true",
+                   help="per-rank timeline.json (Chrome trace / Perfetto) in job.out or beside --json (log.timeline)")
     p.add_argument("--resume", metavar="PATH",
                    help="continue from a checkpoint: a step_N.pt file, a sharded step_N/ folder, a checkpoint folder "
                         "(its newest complete checkpoint), or auto: the newest in checkpoint.dir, a fresh start if none")
@@ -53,9 +61,15 @@ def _parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Config]:
     """Split short options from ``--section.field`` overrides and build the validated Config."""
     args, rest = _parser().parse_known_args(argv)
+    fields = {k: v for k, v in vars(args).items() if "." in k}  # --section.field VALUE, in command-line order
+    for k in fields:
+        delattr(args, k)
+    rest = [*(x for k, v in fields.items() for x in (f"--{k}", v)), *rest]
     extra = {key: getattr(args, short) for short, key in SHORT.items() if getattr(args, short) is not None}
     if args.profile:
         extra["log.profile"] = True
+    if args.timeline:
+        extra["log.timeline"] = True
     cfg = load_config(rest, args.config, extra)
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError("--nproc", args.nproc, "must be >= 1")
@@ -84,7 +98,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     from ..distributed.env import resolve_backend, resolve_device
     from ..models import check_name
     from ..strategies import check_amp, check_strategy
-    from .checkpoint import load_checkpoint
+    from .trackers import check_tracker
     from .trainer import resolve_loss
 
     check_name(cfg.model.name)
@@ -94,6 +108,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
         raise ConfigError("data.name", cfg.data.name, "one of " + ", ".join(available_datasets())
                           + ", or a builder package.module:function")
     check_data(cfg.data)
+    check_tracker(cfg.log.tracker)
     resolve_loss(cfg.job.loss)
     device = resolve_device(cfg.job.device)
     world = args.nproc or 1  # the processes this command will start on this machine

@@ -17,7 +17,9 @@ import math
 import os
 import random
 import shlex
+import socket
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,9 +40,11 @@ from ..strategies import Strategy, apply_strategy, apply_zero, optimizer_state_d
 from .checkpoint import (CheckpointWriteError, checkpoint_candidates, is_sharded, load_checkpoint, publish_latest,
                          save_checkpoint, set_rng_state, state_bytes, warn_skipped, write_error)
 from .guard import Guard
-from .instruments import Instruments, StepMode, merge_phase_stats
+from .instruments import Instruments, StepMode, merge_phase_stats, write_trace
+from .metrics import MetricsLog
 from .progress import ProgressView
-from .summary import median_spread, print_summary, write_summary
+from ..about import versions
+from .summary import SCHEMA_VERSION, median_spread, print_summary, write_summary
 
 __all__ = ["Run", "init", "RunError", "ENV_ARGS", "ENV_JSON"]
 
@@ -109,6 +113,8 @@ class Run:
         self._ended = self._finished = False
         self._warned_nan = False
         self.summary: dict[str, Any] | None = None
+        self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+        self.metrics: MetricsLog | None = None  # opened at the first log point (after a resume's load)
         atexit.register(self._at_exit)  # a script that never calls finish() still leaves the group cleanly
 
     # ------------------------------------------------------------------ set-up
@@ -138,6 +144,8 @@ class Run:
         self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, self.strategy.module,
                                        self.out_dir)
         loader = self.loader(data, data_info) if data is not None else None
+        if self.is_main:
+            self._live_metrics()  # the tracker's import and set-up, before the first timed step
         rows = gather_env_rows(self.env)
         self.guard.start()  # every rank has published its first beat before that collective
         if self.is_main and not os.environ.get("TRAINSCALE_TABLE_PRINTED"):
@@ -240,11 +248,13 @@ class Run:
         if self._micro < self.accum:
             return False
         self._micro = 0
+        ins.step_called()
         mode, opt = self._mode, self.optimizer
         if opt is None:
             raise RunError("run.step() needs the optimizer: pass it to run.prepare(model, optimizer, ...)")
         if not mode.no_comm:
             st.sync_gradients()  # overlap off: the exchange happens here, after backward
+        ins.optimizer_starts()
         st.scaler.step(opt)
         st.scaler.update()
         if not mode.no_comm:
@@ -274,10 +284,25 @@ class Run:
                            "or add warm-up)")
         now = time.perf_counter()
         self.loss_curve.append((self.step_count, round(now - self._loop_t0, 4), mean))
+        window_s = max(now - self._window_t0, 1e-9)
         if self.view is not None:
-            self.view.update(self.step_count, mean, self._window_n * self.global_batch / max(now - self._window_t0, 1e-9))
+            self.view.update(self.step_count, mean, self._window_n * self.global_batch / window_s)
+        wait = self.instruments.take_window_wait() if self.instruments is not None else 0.0
+        if self.is_main:
+            self._live_metrics().log(self.step_count, {
+                "loss": mean, "samples_per_s": self._window_n * self.global_batch / window_s,
+                "step_time_s": window_s / self._window_n, "data_wait_s": wait / self._window_n,
+                "time_s": now - self._loop_t0})
         self._window.zero_()
         self._window_n, self._window_t0 = 0, time.perf_counter()
+
+    def _live_metrics(self) -> MetricsLog:
+        if self.metrics is None:
+            log = self.cfg.log
+            folder = self.run_dir if log.metrics else None
+            self.metrics = MetricsLog(folder, log.tracker, log.tracker_dir or self.out_dir,
+                                      config_to_dict(self.cfg), run_name=log.run_name)
+        return self.metrics
 
     def untimed(self) -> Any:
         """Context for work between steps that is not step time (evaluation, checkpoints)."""
@@ -403,6 +428,8 @@ class Run:
             rngs = state.get("rng") or []
         st.scaler.load_state_dict(state["scaler"])
         self.step_count = self.start_step = int(state["step"])
+        if self.metrics is not None:
+            self.metrics.append = True  # continue the interrupted run's metrics.jsonl
         st.load_state_dict(state.get("strategy") or {"steps": self.step_count})
         if state.get("world_size") != self.env.world_size:
             logger.warning(f"resuming a {state.get('world_size')}-process checkpoint on {self.env.world_size} "
@@ -451,6 +478,8 @@ class Run:
             loader.close()  # the prefetch thread and the worker processes
         if self.instruments is not None:
             self.instruments.finish(self.env.world_size)
+        if self.metrics is not None:
+            self.metrics.close()
         if self.strategy is not None:
             self.strategy.finish()
 
@@ -492,6 +521,8 @@ class Run:
             return
         for loader in self.loaders:
             loader.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self._teardown(barrier=False)  # another rank may be gone already: no collective here
 
     def _need_prepared(self, what: str) -> tuple[Strategy, Instruments]:
@@ -502,7 +533,14 @@ class Run:
     @property
     def out_dir(self) -> Path:
         """Artefacts (profile tables, sleep times): job.out, else beside the summary JSON, else here."""
-        return Path(self.cfg.job.out or (Path(self.json_path).parent if self.json_path else "."))
+        return self.run_dir or Path(".")
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run's folder: job.out, else the summary JSON's folder; None when neither is given."""
+        if self.cfg.job.out:
+            return Path(self.cfg.job.out)
+        return Path(self.json_path).parent if self.json_path else None
 
     def _summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         """The run summary (collective: every rank calls it; the schema of ``trainscale train``)."""
@@ -529,8 +567,10 @@ class Run:
             logger.warning(advice)
         eval_loss, eval_acc, eval_n = self.eval_result
         a = cfg.ablate
+        timeline = self._write_timeline()
         out = {
-            "schema_version": 2, "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
+            "schema_version": SCHEMA_VERSION, "versions": versions(), "started_at": self.started_at,
+            "host": socket.gethostname(), "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
             "model": type(st.module).__name__, "data": "user",
             "batch_size": loader.batch_size if loader else cfg.data.batch_size, "grad_accum": self.accum,
             "global_batch": self.global_batch, "steps": self.step_count, "measured_steps": len(ins.step_times),
@@ -553,11 +593,31 @@ class Run:
             "strategy": {k: getattr(cfg.strategy, k) for k in ("hierarchical", "compression", "comm_groups",
                                                                 "local_sgd_period", "local_sgd_warmup", "shard_optimizer")},
         }
+        if timeline:
+            out["timeline"] = timeline
+        if self.metrics is not None and self.metrics.written is not None:
+            out["metrics_jsonl"] = str(self.metrics.written)
         if self.optimizer is not None:
             out.update(st.report(self.optimizer, cfg.log.skip_first, a.comm))
         out.update(ins.artefacts)
         out.update(extra)
         return out
+
+
+    def _write_timeline(self) -> str:
+        """Gather every rank's timeline rows; rank 0 writes timeline.json (collective when log.timeline)."""
+        ins = self.instruments
+        if ins is None or ins.timeline is None:
+            return ""
+        rows: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(rows, ins.timeline_rows())
+        path = self.out_dir / "timeline.json"
+        if self.is_main:
+            write_trace(path, rows, {"world_size": self.env.world_size, "backend": self.env.backend,
+                                     "started_at": self.started_at})
+            logger.info(f"timeline of {len(rows[0])} steps x {len(rows)} ranks written to {path} "
+                        "(open it in https://ui.perfetto.dev)")
+        return str(path)
 
 
 class PreparedModel(nn.Module):

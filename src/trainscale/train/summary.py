@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,10 @@ from rich.table import Table
 
 from .checkpoint import atomic_write_bytes
 
-__all__ = ["write_summary", "print_summary", "median_spread"]
+__all__ = ["write_summary", "read_summary", "print_summary", "median_spread", "strict_json", "summary_schema",
+           "human", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 2  # bumped only when a field changes meaning; fields are added, never removed or renamed
 
 
 def median_spread(values: list[float]) -> tuple[float, float]:
@@ -26,15 +32,81 @@ def median_spread(values: list[float]) -> tuple[float, float]:
     return med, ((hi - lo) / med if med else float("nan"))
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by None, so strict JSON parsers accept it (null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def write_summary(path: str | Path, summary: dict[str, Any]) -> None:
-    """Write the summary atomically (never a half-written JSON)."""
-    atomic_write_bytes(path, lambda f: f.write((json.dumps(summary, indent=2, default=str) + "\n").encode()))
+    """Write the summary atomically (never a half-written JSON); NaN and infinities as null."""
+    text = json.dumps(strict_json(summary), indent=2, default=str, allow_nan=False) + "\n"
+    atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+@lru_cache(maxsize=1)
+def summary_schema() -> dict[str, Any]:
+    """The JSON Schema of the run summary, shipped in the package (``summary.schema.json``)."""
+    return json.loads(resources.files(__package__).joinpath("summary.schema.json").read_text())
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """Read a summary; the numbers the schema marks as measured (``num``) come back as NaN where null."""
+    data = json.loads(Path(path).read_text())
+    return _restore_nan(data, summary_schema(), summary_schema()["$defs"])
+
+
+def _restore_nan(value: Any, schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+    ref = schema.get("$ref", "")
+    if ref == "#/$defs/num":
+        return float("nan") if value is None else value
+    if ref:
+        schema = defs[ref.rsplit("/", 1)[1]]
+    if isinstance(value, dict):
+        props, rest = schema.get("properties", {}), schema.get("additionalProperties")
+        return {k: _restore_nan(v, props.get(k, rest if isinstance(rest, dict) else {}), defs) for k, v in value.items()}
+    if isinstance(value, list):
+        prefix, items = schema.get("prefixItems", []), schema.get("items")
+        return [_restore_nan(v, prefix[i] if i < len(prefix) else items if isinstance(items, dict) else {}, defs)
+                for i, v in enumerate(value)]
+    return value
+
+
+def human(value: Any, unit: str = "") -> str:
+    """A number as people read it: 15,260 samples/s, 3.49 ms, 42.1%; null/NaN as a dash."""
+    if value is None or isinstance(value, float) and not math.isfinite(value):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if unit == "s":  # durations: the unit that keeps 3 significant digits readable
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+            if abs(value) >= scale or name == "us":
+                return f"{value / scale:,.3g} {name}" if abs(value / scale) < 1000 else f"{value / scale:,.0f} {name}"
+    if unit == "%":
+        return f"{value:.1%}"
+    if unit == "B":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:,.2f} {name}"
+        return f"{value:,.0f} B"
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:,.0f}" + (f" {unit}" if unit else "")
+    return f"{value:.4g}" + (f" {unit}" if unit else "")
+
+
+# How the terminal table shows each field (unit for ``human``); the JSON keeps full precision.
+_UNITS = {"samples_per_s": "samples/s", "data_samples_per_s": "samples/s", "step_time_s": "s", "comm_wait_s": "s",
+          "wall_s": "s", "step_time_spread": "%", "data_wait_frac": "%", "eval_accuracy": "%",
+          "comm_bytes_per_step": "B", "optim_state_bytes": "B"}
+
+
+def _fmt(key: str, v: Any) -> str:
+    return human(v, _UNITS.get(key, ""))
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -47,5 +119,5 @@ def print_summary(summary: dict[str, Any]) -> None:
                 "allreduce_calls_per_step", "bucket_mb", "comm_bytes_per_step", "comm_wait_s", "optim_state_bytes",
                 "overlap", "amp", "wall_s"):
         if key in summary:
-            table.add_row(key, _fmt(summary[key]))
+            table.add_row(key, _fmt(key, summary[key]))
     Console(file=sys.stdout).print(table)

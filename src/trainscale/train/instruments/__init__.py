@@ -20,9 +20,10 @@ from ...config import Config
 from .compute import ComputeClock, SleepCompute, SlowRank, leaf_modules
 from .phases import PhasePlan, StepMode, local_phase_stats, merge_phase_stats
 from .profile import OpProfiler
+from .timeline import StepTimeline, write_trace
 
 __all__ = ["Instruments", "StepMode", "ComputeClock", "SleepCompute", "SlowRank", "OpProfiler", "PhasePlan",
-           "leaf_modules", "merge_phase_stats"]
+           "leaf_modules", "merge_phase_stats", "StepTimeline", "write_trace"]
 
 
 class Instruments:
@@ -40,7 +41,8 @@ class Instruments:
             self.sleep.load(json.loads(Path(a.sleep_times).read_text()), device)
         elif self.sleep:
             self.sleep.start_calibration()
-        self.profiler = OpProfiler(device) if cfg.log.profile and is_main else None
+        self.rank = rank
+        self.profiler = OpProfiler(device, rank) if cfg.log.profile else None
         if self.profiler and not cfg.log.skip_first + self.calib_steps:
             self.profiler.start()
         self.plan = PhasePlan.from_config(cfg)
@@ -51,8 +53,10 @@ class Instruments:
         self.marks: list[str | None] = []  # per measured step: its phase when timed, else None
         self.cycles: list[int] = []  # per measured step: its pass through the phases
         self.artefacts: dict[str, Any] = {}
+        self.timeline = StepTimeline(cfg.log.timeline_steps) if cfg.log.timeline else None
         self.t_prev = time.perf_counter()
         self._wait = 0.0
+        self.window_wait = 0.0  # data wait since the last log point (for metrics.jsonl)
 
     # ---- per step
     def mode(self, step: int) -> StepMode:
@@ -74,6 +78,18 @@ class Instruments:
         if self.slow is not None:
             self.slow.start()
         self.clock.start()
+        if self.timeline is not None:
+            self.timeline.forward_starts(time.perf_counter())
+
+    def step_called(self) -> None:
+        """``run.step()`` entered (the timeline's seam after backward)."""
+        if self.timeline is not None:
+            self.timeline.step_called(time.perf_counter())
+
+    def optimizer_starts(self) -> None:
+        """Gradients are exchanged; the optimizer runs next (the timeline's seam)."""
+        if self.timeline is not None:
+            self.timeline.optimizer_starts(time.perf_counter())
 
     def watch(self, scaled_loss: torch.Tensor) -> None:
         """Before ``backward``: the slowed rank's sleep first, then the clock, mark the end of the graph."""
@@ -88,6 +104,8 @@ class Instruments:
         now = time.perf_counter()
         measured = step > self.warm
         self.clock.end_step(measured)
+        if self.timeline is not None:
+            self.timeline.step_done(step, self.t_prev, self._wait, now, measured)
         if measured:
             self.step_times.append(now - self.t_prev)
             self.waits.append(self._wait)
@@ -102,7 +120,13 @@ class Instruments:
             if step >= self.calib_steps:
                 self.sleep.install()  # type: ignore[union-attr]
                 self.artefacts["sleep_times"] = self._write_sleep_times()
+        self.window_wait += self._wait
         self._wait, self.t_prev = 0.0, now
+
+    def take_window_wait(self) -> float:
+        """Data-wait seconds since the previous call (the log point's window)."""
+        w, self.window_wait = self.window_wait, 0.0
+        return w
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -119,6 +143,12 @@ class Instruments:
             self.sleep.uninstall()
         if self.profiler:
             self.artefacts.update(self.profiler.write(self.out_dir, world_size))
+
+    def timeline_rows(self) -> list[Any]:
+        """This rank's timeline rows (call after ``finish``; CUDA compute events are read here)."""
+        if self.timeline is None:
+            return []
+        return self.timeline.export(self.clock.values(), self.warm + 1)
 
     def local_stats(self) -> tuple[Any, ...]:
         """This rank's (compute median, compute spread, step median, wait median, phases) for the summary."""

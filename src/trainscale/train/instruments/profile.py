@@ -1,7 +1,8 @@
-"""``--profile``: a per-operator table of rank 0's measured steps, from torch.profiler.
+"""``--profile``: torch.profiler over the measured steps of every rank.
 
-Writes ``profile_rank0.txt`` (the profiler's own table) and ``profile_rank0.json`` (per-step seconds per
-operator) into the run's folder; the doctor compares these files between world sizes.
+Rank 0 writes ``profile_rank0.txt`` (the profiler's own table) and ``profile_rank0.json`` (per-step seconds
+per operator) into the run's folder; the doctor compares these files between world sizes. Every rank
+writes its Chrome trace, ``trace_rankN.json`` (Perfetto, chrome://tracing, Holistic Trace Analysis).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ MAX_PROFILED_STEPS = 50  # enough for stable per-op medians; more only grows the
 class OpProfiler:
     """Profile a window of steps; ``write`` leaves the table and its JSON in ``folder``."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, rank: int = 0):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.prof = profile(activities=acts, record_shapes=False)
-        self.device, self.steps, self.running = device, 0, False
+        self.device, self.rank, self.steps, self.running = device, rank, 0, False
 
     def start(self) -> None:
         self.prof.start()
@@ -59,10 +60,14 @@ class OpProfiler:
         out.sort(key=lambda r: -(r["self_device_s_per_step"] or r["self_s_per_step"]))
         return out
 
-    def write(self, folder: Path, world_size: int) -> dict[str, str]:
-        """Write the table and the JSON; returns their paths for the run summary."""
+    def write(self, folder: Path, world_size: int) -> dict[str, Any]:
+        """Write this rank's trace (and on rank 0 the table and the JSON); returns their paths for the summary."""
         self.stop()
         folder.mkdir(parents=True, exist_ok=True)
+        self.prof.export_chrome_trace(str(folder / f"trace_rank{self.rank}.json"))
+        traces = [str(folder / f"trace_rank{r}.json") for r in range(world_size)]
+        if self.rank != 0:
+            return {"profile_traces": traces}
         sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = folder / "profile_rank0.txt"
         table.write_text(f"# rank 0, world size {world_size}, {self.steps} profiled steps\n"
@@ -71,4 +76,4 @@ class OpProfiler:
         data.write_text(json.dumps({"rank": 0, "world_size": world_size, "steps": self.steps,
                                     "device": self.device.type, "ops": self.rows()}, indent=1) + "\n")
         logger.info(f"profile of {self.steps} steps written to {table}")
-        return {"profile_table": str(table), "profile_json": str(data)}
+        return {"profile_table": str(table), "profile_json": str(data), "profile_traces": traces}

@@ -1,0 +1,42 @@
+"""Every run summary the suite writes is checked against the shipped JSON Schema, with a strict parser."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+try:
+    import jsonschema
+except ImportError:  # pragma: no cover - `make test` installs it (the test extra)
+    jsonschema = None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def is_run_summary(doc: Any) -> bool:
+    """A run summary (not a bench/doctor report or a ps summary): it carries these keys."""
+    return isinstance(doc, dict) and {"schema_version", "world_size", "loss_curve"} <= doc.keys()
+
+
+def check_summary_file(path: Path) -> dict[str, Any] | None:
+    """Parse ``path`` strictly (no NaN/Infinity); when it is a run summary, validate it. Returns it, or None."""
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None  # not JSON at all (a half-written file is the test's own concern)
+    if not is_run_summary(doc):
+        return None
+    doc = json.loads(text, parse_constant=_no_constant)
+    if jsonschema is not None:
+        from trainscale.train.summary import summary_schema
+        jsonschema.validate(doc, summary_schema(), format_checker=jsonschema.FormatChecker())
+    return doc
+
+
+def check_tree(folder: Path) -> int:
+    """Check every ``*.json`` under ``folder``; returns how many run summaries were validated."""
+    return sum(check_summary_file(p) is not None for p in Path(folder).rglob("*.json") if p.is_file())
