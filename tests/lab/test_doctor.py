@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 def doctor(tmp_path, *args, timeout=840):
     out = tmp_path / "doc"
-    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--out", str(out), *JOB, *args], timeout=timeout,
+    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--cycles", "4", "--out", str(out), *JOB, *args],
+                timeout=timeout,
                 env=ENV)
     assert r.rc == 0, r.text
     for name in ("doctor.json", "doctor.md", "doctor.html", "causes.png", "experiments.png"):
@@ -93,7 +94,8 @@ def test_a_busy_neighbour_is_named_with_its_pid_on_the_default_job(tmp_path):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         out = tmp_path / "doc"
-        r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--quick", "--out", str(out)], timeout=840, env=ENV)
+        r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--cycles", "4", "--quick", "--out", str(out)],
+                    timeout=840, env=ENV)
     finally:
         hog.kill()
         hog.wait()

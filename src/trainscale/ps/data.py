@@ -68,14 +68,9 @@ def loss_name(cfg: Config) -> str:
 
 
 def resolve_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``cross_entropy`` or a user's ``package.module:function(output, target) -> loss``."""
-    if name == DEFAULT_LOSS:
-        return torch.nn.functional.cross_entropy
-    if ":" not in name:
-        raise ConfigError("job.loss", name, f"{DEFAULT_LOSS} or a function package.module:function(output, target)")
-    from ..models import import_callable
-
-    return import_callable(name, "job.loss")
+    """The loss ``job.loss`` names (one table for trainscale train and the parameter server)."""
+    from ..train.losses import resolve_loss as resolve
+    return resolve(name)
 
 
 def normalise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

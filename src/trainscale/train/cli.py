@@ -99,7 +99,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     from ..models import check_name
     from ..strategies import check_amp, check_strategy
     from .trackers import check_tracker
-    from .trainer import resolve_loss
+    from .losses import resolve_loss
 
     check_name(cfg.model.name)
     if ":" in cfg.data.name:

@@ -6,7 +6,7 @@ Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``tr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,26 +16,14 @@ from ..config import Config, ConfigError
 from ..log import logger
 from ..data import DataInfo, build_datasets, eval_batches
 from ..distributed import DistEnv
-from ..models import build_model, import_callable
+from ..models import build_model
 from .checkpoint import CheckpointWriteError, prune
 from .evaluate import evaluate
+from .losses import resolve_loss
 from .run import init
 from .schedule import lr_at
 
 __all__ = ["Trainer", "prepare", "build_optimizer", "resolve_loss"]
-
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss, "l1": nn.functional.l1_loss}
-
-
-def resolve_loss(name: str) -> Callable[[Any, Any], torch.Tensor]:
-    """``job.loss``: a built-in name or a user's ``package.module:function(output, target)``."""
-    if ":" in name:
-        return import_callable(name, "job.loss")
-    if name not in LOSSES:
-        raise ConfigError("job.loss", name, "one of " + ", ".join(LOSSES) + ", or package.module:function")
-    return LOSSES[name]
-
 
 def build_optimizer(params: Any, cfg: Config) -> torch.optim.Optimizer:
     """The optimizer named by ``optim.name`` (its rate is set every step by the schedule).
