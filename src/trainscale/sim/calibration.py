@@ -49,7 +49,7 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[AlphaBeta, float]
     beta = max(beta, 0.0)  # noise can tilt a flat curve negative; bytes never make it faster
     alpha = max(my - beta * mx, 0.0)
     ab = AlphaBeta(alpha, beta)
-    rel = [((ab.time(x) - y) / y) ** 2 for x, y in points if y > 0]
+    rel = [((alpha + beta * x - y) / y) ** 2 for x, y in points if y > 0]
     return ab, math.sqrt(sum(rel) / len(rel)) if rel else 0.0
 
 
