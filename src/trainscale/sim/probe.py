@@ -20,13 +20,16 @@ __all__ = ["main"]
 
 
 def _time_allreduce(nbytes: int, budget_s: float) -> float:
-    """Median seconds of one all-reduce of ``nbytes`` (float32), over repeats within ``budget_s``."""
+    """Median seconds of one all-reduce of ``nbytes`` (float32), over repeats within about ``budget_s``."""
     t = torch.ones(max(1, nbytes // 4))
+    t0 = time.perf_counter()
     for _ in range(3):
         dist.all_reduce(t)
+    # Every rank must run the same number of collectives: the count is agreed on (MAX), never per-rank clocks.
+    reps = torch.tensor([min(200, max(5, int(budget_s / max((time.perf_counter() - t0) / 3, 1e-6))))])
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)
     times: list[float] = []
-    t_end = time.perf_counter() + budget_s
-    while len(times) < 5 or (time.perf_counter() < t_end and len(times) < 200):
+    for _ in range(int(reps.item())):
         dist.barrier()  # start together: the time is the collective's, not a late rank's
         t0 = time.perf_counter()
         dist.all_reduce(t)
@@ -54,13 +57,13 @@ def _compute_step(train_args: list[str]):
 
 
 def _time_compute(step, reps: int) -> float:
+    """Mean seconds of ``step`` over ``reps`` runs: with ranks time-sliced on shared cores a mean, not a median,
+    is what a step costs."""
     step()
-    times = []
+    t0 = time.perf_counter()
     for _ in range(reps):
-        t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return (time.perf_counter() - t0) / reps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,23 +72,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", default="4096,65536,1048576,4194304")
     p.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size")
     p.add_argument("--train-args", default="", help="JSON list of train options: time their compute alone and together")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5, help="fewest compute repeats")
+    p.add_argument("--compute-budget", type=float, default=0.6, help="seconds of compute repeats per measurement")
     a = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    import datetime
+
+    # A stuck rank fails the probe within two minutes instead of hanging the calibration.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"world_size": world, "threads": torch.get_num_threads(), "allreduce": []}
     for n in (int(s) for s in a.sizes.split(",")):
         out["allreduce"].append([n, _time_allreduce(n, a.budget)])
     if a.train_args:
         step = _compute_step(json.loads(a.train_args))
+        once = _time_compute(step, 2)
+        reps = torch.tensor([min(200, max(a.reps, int(a.compute_budget / max(once, 1e-6))))])
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # the same count everywhere, so all ranks overlap throughout
         alone = 0.0
         for r in range(world):  # one rank at a time: the compute without neighbours
             dist.barrier()
             if r == rank:
-                alone = _time_compute(step, a.reps)
+                alone = _time_compute(step, int(reps.item()))
             dist.barrier()
-        dist.barrier()
-        together = _time_compute(step, a.reps)  # all ranks at once: what sharing the cores costs
+        together = _time_compute(step, int(reps.item()))  # all ranks at once: what sharing the cores costs
         vals = [None] * world
         dist.all_gather_object(vals, (alone, together))
         out["compute_alone_s"] = statistics.median(v[0] for v in vals)
