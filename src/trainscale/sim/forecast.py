@@ -218,6 +218,8 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
     other = max(0.0, base.step_s - base.compute_s) * slow
     sigma = sigma_from_spread(base.spread, compute)
     straggler = sigma * expected_max_normal(world)
+    if cluster.device == "cpu" and world in cluster.contention:
+        straggler = 0.0  # the lock-step probe measured the slowest rank's compute already: not counted twice
     bubble = 0.0
     dp = world
     tensor_bytes, costs = list(base.tensor_bytes), base.tensor_costs

@@ -66,6 +66,16 @@ def _time_compute(step, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def _lockstep(step, reps: int) -> float:
+    """Mean seconds of barrier + ``step`` + barrier on every rank: the synchronised step's slowest rank."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+        dist.barrier()
+    return (time.perf_counter() - t0) / reps
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="trainscale.sim.probe")
     p.add_argument("--out", required=True)
@@ -94,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
             if r == rank:
                 alone = _time_compute(step, int(reps.item()))
             dist.barrier()
-        together = _time_compute(step, int(reps.item()))  # all ranks at once: what sharing the cores costs
+        # All ranks at once, in lock-step as DDP's steps are: barrier, compute, barrier. On shared cores the
+        # step lasts as long as its slowest rank, time slices included; the empty lock-step is subtracted.
+        n = int(reps.item())
+        together = _lockstep(step, n) - _lockstep(lambda: None, n)
         vals = [None] * world
         dist.all_gather_object(vals, (alone, together))
         out["compute_alone_s"] = statistics.median(v[0] for v in vals)
