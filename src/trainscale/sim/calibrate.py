@@ -109,7 +109,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             say(f"calibrate: 1 process, {t} thread(s)")
             single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
             commands.append(cmd)
-    allreduce, contention = {}, {}
+    allreduce, contention, lockstep = {}, {}, {}
     for p in (n for n in nprocs if n > 1):
         say(f"calibrate: all-reduce and shared compute on {p} processes")
         d = _probe(p, train_args, timeout)
@@ -117,12 +117,18 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
         allreduce[str(p)] = {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
                              "threads": d.get("threads")}
         if d.get("compute_alone_s"):
-            contention[str(p)] = max(1.0, d["compute_together_s"] / d["compute_alone_s"])
+            # More ranks than cores: ranks are time-sliced and a step waits for the last slice of its slowest
+            # rank, which the lock-step measures. A core each: ranks run free, the fair-share ratio holds and
+            # the straggler model adds the noise.
+            oversubscribed = p * max(1, n_cores // p) > n_cores
+            key = "compute_lockstep_s" if oversubscribed and d.get("compute_lockstep_s") else "compute_together_s"
+            contention[str(p)] = max(1.0, d[key] / d["compute_alone_s"])
+            lockstep[str(p)] = oversubscribed
         commands.append(d["command"])
         say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
             f"residual {resid:.0%}, compute slow-down {contention.get(str(p), 1.0):.2f}x")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, contention,
-                      f"{platform.node()}, {n_cores} cores", commands)
+                      f"{platform.node()}, {n_cores} cores", commands, lockstep=lockstep)
     cal.save(out)
     return cal

@@ -67,6 +67,7 @@ class Calibration:
     single: dict[str, dict[str, float]]  # threads -> {step_s, compute_s, spread, samples_per_s}
     allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, residual, points}
     contention: dict[str, float] = field(default_factory=dict)          # P -> compute together / alone
+    lockstep: dict[str, bool] = field(default_factory=dict)             # P -> contention includes the slowest rank
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -117,4 +118,4 @@ class Calibration:
         single = {int(t): self.base_job(int(t)) for t in self.single}
         return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted,
                        contention={int(p): float(v) for p, v in self.contention.items()}, single=single,
-                       cores=self.cores)
+                       cores=self.cores, lockstep={int(p) for p, v in self.lockstep.items() if v})

@@ -69,6 +69,7 @@ class Cluster:
     contention: dict[int, float] = field(default_factory=dict)   # measured compute slow-down per process count
     single: dict[int, Job] = field(default_factory=dict)         # CPU host: the 1-process job per thread count
     cores: int = 0                            # CPU host: cores shared by the ranks
+    lockstep: set[int] = field(default_factory=set)  # CPU host: P whose contention includes the slowest rank
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
 
@@ -218,7 +219,7 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
     other = max(0.0, base.step_s - base.compute_s) * slow
     sigma = sigma_from_spread(base.spread, compute)
     straggler = sigma * expected_max_normal(world)
-    if cluster.device == "cpu" and world in cluster.contention:
+    if world in cluster.lockstep:
         straggler = 0.0  # the lock-step probe measured the slowest rank's compute already: not counted twice
     bubble = 0.0
     dp = world

@@ -107,11 +107,14 @@ def main(argv: list[str] | None = None) -> None:
         # All ranks at once, in lock-step as DDP's steps are: barrier, compute, barrier. On shared cores the
         # step lasts as long as its slowest rank, time slices included; the empty lock-step is subtracted.
         n = int(reps.item())
-        together = _lockstep(step, n) - _lockstep(lambda: None, n)
+        lockstep = _lockstep(step, n) - _lockstep(lambda: None, n)
+        dist.barrier()
+        together = _time_compute(step, n)  # free-running: each rank's fair share of the cores
         vals = [None] * world
-        dist.all_gather_object(vals, (alone, together))
+        dist.all_gather_object(vals, (alone, together, lockstep))
         out["compute_alone_s"] = statistics.median(v[0] for v in vals)
         out["compute_together_s"] = statistics.median(v[1] for v in vals)
+        out["compute_lockstep_s"] = statistics.median(v[2] for v in vals)
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(out, f)
