@@ -106,7 +106,8 @@ class Cluster:
         inter_bw = self.inter.bytes_per_s * self.net_efficiency
         if hierarchical and nodes > 1 and local > 1:
             intra = AlphaBeta(self.intra.hop_s, 1 / self.intra.bytes_per_s)
-            inter = AlphaBeta(self.inter.hop_s, 1 / inter_bw)
+            # The L local ranks each run an inter-node ring on their 1/L shard at once: they share the NIC.
+            inter = AlphaBeta(self.inter.hop_s, local / inter_bw)
             return self.base_lat_s + hierarchical_time(nbytes, local, nodes, intra, inter)
         if algo == "tree":
             bw = inter_bw if nodes > 1 else self.intra.bytes_per_s
@@ -160,7 +161,7 @@ class Strategy:
     def label(self) -> str:
         """Short name of this strategy for tables."""
         if self.ps_mode:
-            return f"ps {self.ps_mode}" + (f" K={self.ps_k}" if self.ps_mode.startswith("k-") else "")
+            return f"ps {self.ps_mode}" + (f" K={self.ps_k or 'P/2'}" if self.ps_mode.startswith("k-") else "")
         parts = [f"bucket {self.bucket_mb:g} MB" if self.bucket_mb else "no fusion"]
         if not self.overlap:
             parts.append("no overlap")
