@@ -129,6 +129,6 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             f"residual {resid:.0%}, compute slow-down {contention.get(str(p), 1.0):.2f}x")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, contention,
-                      f"{platform.node()}, {n_cores} cores", commands, lockstep=lockstep)
+                      lockstep=lockstep, machine=f"{platform.node()}, {n_cores} cores", commands=commands)
     cal.save(out)
     return cal

@@ -242,6 +242,12 @@ def main(argv: list[str]) -> int:
             from .calibration import job_key
 
             cal.check_job(job_key(config_to_dict(check_train_args(rest))), a.calibration)
+        from .hardware import known_model
+
+        if a.model and known_model(a.model) is None:  # --model names a train model: it must be the calibrated one
+            cal.check_job({"model.name": a.model}, a.calibration)
+        if a.batch_size and not a.gpu:  # this machine's step was measured at the calibrated batch only
+            cal.check_job({"data.batch_size": a.batch_size}, a.calibration)
     elif rest:
         from .calibrate import calibrate
 
