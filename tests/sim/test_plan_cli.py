@@ -62,3 +62,14 @@ def test_calibrate_then_plan_tiny_job(tmp_path):
     r = run_cli(["plan", "--calibration", str(cal), "--nproc", "1,2", "--out", str(tmp_path / "p2"),
                  "--model", "resnet18"], timeout=60)
     assert r.rc == 2 and "measured another job" in r.err and not (tmp_path / "p2").exists()
+
+
+def test_bench_refuses_another_jobs_calibration(tmp_path):
+    from trainscale.sim.calibration import Calibration
+
+    cal = tmp_path / "cal.json"
+    Calibration({"model.name": "mlp", "data.batch_size": 32}, [], 10, [40.0], 0.0, 1.0, 2,
+                {"2": {"step_s": 0.01, "compute_s": 0.008}}).save(cal)
+    r = run_cli(["bench", "--nproc", "1,2", "--calibration", str(cal), "--out", str(tmp_path / "b"),
+                 "--model", "resnet18"], timeout=60)
+    assert r.rc == 2 and "measured another job" in r.err and not (tmp_path / "b").exists()
