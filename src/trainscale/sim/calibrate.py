@@ -92,8 +92,11 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
 
 
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
-              say: Callable[[str], None] = print) -> Calibration:
-    """Measure the job and this machine; write and return the calibration (nothing written on failure)."""
+              say: Callable[[str], None] = print, with_base: bool = True) -> Calibration:
+    """Measure the job and this machine; write and return the calibration (nothing written on failure).
+
+    ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times).
+    """
     from ..lab.common import check_train_args
 
     check_train_args(train_args)
@@ -102,7 +105,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     n_cores = cores()
     say("calibrate: model layout and FLOPs")
     layout = model_layout(train_args)
-    thread_counts = sorted({n_cores} | {max(1, n_cores // p) for p in nprocs})
+    thread_counts = sorted(({n_cores} if with_base else set()) | {max(1, n_cores // p) for p in nprocs})
     single, commands = {}, []
     with tempfile.TemporaryDirectory(prefix="trainscale-cal-") as tmp:
         for t in thread_counts:
