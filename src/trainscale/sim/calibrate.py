@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import ConfigError, config_to_dict
+from ..config import config_to_dict
 from .calibration import Calibration, fit_alpha_beta, job_key
 
 __all__ = ["calibrate", "model_layout", "cores"]
