@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--master-addr")
     p.add_argument("--master-port", type=int)
     p.add_argument("--rdzv-endpoint")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="a `trainscale plan calibrate` file of this job: show the forecast step time beside each point")
     return p
 
 
@@ -167,6 +169,12 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                    ("img", PLOTS[0], "Throughput with the ideal (linear) line; vertical bars: range over repeats"),
                    ("img", PLOTS[1], "Scaling efficiency"),
                    ("img", PLOTS[2], "Where a step's time goes (medians)")]
+    if any("forecast_step_time_s" in p for p in points):
+        blocks += [("h2", "Forecast beside the measurement (trainscale plan)"),
+                   ("table", ["processes", "measured step (ms)", "forecast step (ms)", "forecast / measured"],
+                    [[p["world_size"], f"{p['step_time_s'] * 1e3:.3f}", f"{p['forecast_step_time_s'] * 1e3:.3f}",
+                      f"{p['forecast_step_time_s'] / p['step_time_s']:.2f}"] for p in points
+                     if "forecast_step_time_s" in p])]
     threads = {p["world_size"]: p.get("threads") for p in points}
     if len(set(threads.values())) > 1:
         blocks.append(("p", "Note: intra-op threads per process differ between points (" +
@@ -190,6 +198,11 @@ def main(argv: list[str]) -> int:
     launcher = LauncherOptions(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.rdzv_endpoint)
     nnodes = int(str(args.nnodes).split(":")[-1])
     cfg = check_train_args(rest)
+    forecast = {}
+    if args.calibration:  # checked before any run: another job's calibration is refused now
+        from ..sim.beside import forecast_steps
+
+        forecast = forecast_steps(args.calibration, rest, [n * nnodes for n in nprocs])
     if args.scaling == "strong":
         global_batch = cfg.data.batch_size * nprocs[0] * nnodes
         bad = [n for n in nprocs if global_batch % (n * nnodes)]
@@ -232,6 +245,8 @@ def main(argv: list[str]) -> int:
             if failed:
                 break  # partial results: the points measured so far stay in bench.json
             doc["points"].append(make_point(n, world, runs))
+            if world in forecast:
+                doc["points"][-1]["forecast_step_time_s"] = forecast[world]
             complete_points(doc["points"], args.scaling)
             write_json(out / "bench.json", doc)
     doc["error"] = failed

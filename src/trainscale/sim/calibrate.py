@@ -1,0 +1,137 @@
+"""``trainscale plan calibrate``: measure one job on this machine in one short session.
+
+1. the job's gradient tensors (sizes in backward order), buffers and FLOPs, from the model itself;
+2. its 1-process step (``trainscale train --nproc 1 --job.threads T``) at each thread count a rank will get;
+3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept) and
+   how much P ranks computing at once slow each other, in one ``trainscale launch`` of :mod:`.probe`.
+
+Example::
+
+    trainscale plan calibrate --nproc 2,3,4 --out plan-cal.json --model resnet18 --data synthetic
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import config_to_dict
+from .calibration import Calibration, fit_alpha_beta, job_key
+
+__all__ = ["calibrate", "model_layout", "cores"]
+
+SIZES = "4096,65536,1048576,4194304"
+
+
+def cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def model_layout(train_args: list[str]) -> dict[str, Any]:
+    """Gradient tensor bytes in backward order, buffer bytes, parameters and FLOPs of one batch (fwd + bwd)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..data import build_datasets
+    from ..models import build_model
+    from ..train.cli import parse
+
+    _, cfg = parse(train_args)
+    _, _, info = build_datasets(cfg.data)
+    model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Backward produces gradients roughly in reverse registration order (DDP buckets them that way too).
+    tensor_bytes = [float(p.numel() * p.element_size()) for p in reversed(params)]
+    buffers = float(sum(b.numel() * b.element_size() for b in model.buffers()))
+    x = torch.randn(cfg.data.batch_size, *info.in_shape)
+    y = torch.randint(0, info.num_classes, (cfg.data.batch_size,))
+    with FlopCounterMode(display=False) as fc:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return {"tensor_bytes": tensor_bytes, "buffer_bytes": buffers, "params": sum(p.numel() for p in params),
+            "flops_per_step": float(fc.get_total_flops()), "job": job_key(config_to_dict(cfg))}
+
+
+def _probe(nproc: int, train_args: list[str], timeout: float) -> dict[str, Any]:
+    """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun)."""
+    with tempfile.TemporaryDirectory(prefix="trainscale-probe-") as tmp:
+        out = Path(tmp) / "probe.json"
+        cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), "-m",
+               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--train-args", json.dumps(train_args)]
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"all-reduce probe on {nproc} processes gave no result within {timeout:g}s") from None
+        if p.returncode != 0 or not out.is_file():
+            tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
+            raise RuntimeError(f"all-reduce probe on {nproc} processes failed: {tail}")
+        data = json.loads(out.read_text())
+        data["command"] = "trainscale " + " ".join(shlex.quote(c) for c in cmd[3:])
+        return data
+
+
+def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -> tuple[dict[str, float], str]:
+    """The 1-process run at ``threads`` threads: its median step, compute and compute spread."""
+    from ..lab.runner import RunSpec, run_train
+
+    spec = RunSpec(1, [*train_args, "--job.threads", str(threads)], folder / f"single_t{threads}.json",
+                   f"1 process, {threads} thread(s)")
+    s = run_train(spec, timeout)
+    compute = float(s["rank_compute_s"][0])
+    spread = float((s.get("rank_compute_spread") or [0.0])[0] or 0.0)
+    return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread,
+            "samples_per_s": float(s["samples_per_s"]), "threads": threads}, spec.shell()
+
+
+def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
+              say: Callable[[str], None] = print, with_base: bool = True) -> Calibration:
+    """Measure the job and this machine; write and return the calibration (nothing written on failure).
+
+    ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times).
+    """
+    from ..lab.common import check_train_args
+
+    check_train_args(train_args)
+    if not any(a in ("--steps", "--job.steps") or a.startswith(("--steps=", "--job.steps=")) for a in train_args):
+        train_args = [*train_args, "--steps", "40"]  # a short session: enough measured steps for a median
+    n_cores = cores()
+    say("calibrate: model layout and FLOPs")
+    layout = model_layout(train_args)
+    thread_counts = sorted(({n_cores} if with_base else set()) | {max(1, n_cores // p) for p in nprocs})
+    single, commands = {}, []
+    with tempfile.TemporaryDirectory(prefix="trainscale-cal-") as tmp:
+        for t in thread_counts:
+            say(f"calibrate: 1 process, {t} thread(s)")
+            single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
+            commands.append(cmd)
+    allreduce, contention, lockstep = {}, {}, {}
+    for p in (n for n in nprocs if n > 1):
+        say(f"calibrate: all-reduce and shared compute on {p} processes")
+        d = _probe(p, train_args, timeout)
+        ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
+        allreduce[str(p)] = {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
+                             "threads": d.get("threads")}
+        if d.get("compute_alone_s"):
+            # More ranks than cores: ranks are time-sliced and a step waits for the last slice of its slowest
+            # rank, which the lock-step measures. A core each: ranks run free, the fair-share ratio holds and
+            # the straggler model adds the noise.
+            oversubscribed = p * max(1, n_cores // p) > n_cores
+            key = "compute_lockstep_s" if oversubscribed and d.get("compute_lockstep_s") else "compute_together_s"
+            contention[str(p)] = max(1.0, d[key] / d["compute_alone_s"])
+            lockstep[str(p)] = oversubscribed
+        commands.append(d["command"])
+        say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
+            f"residual {resid:.0%}, compute slow-down {contention.get(str(p), 1.0):.2f}x")
+    cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
+                      layout["flops_per_step"], n_cores, single, allreduce, contention,
+                      lockstep=lockstep, machine=f"{platform.node()}, {n_cores} cores", commands=commands)
+    cal.save(out)
+    return cal

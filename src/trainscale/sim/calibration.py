@@ -1,0 +1,121 @@
+"""The calibration file: what ``trainscale plan calibrate`` measured, kept as JSON the user can reuse.
+
+Pure Python: reading, checking and fitting need no torch.
+
+Example::
+
+    cal = Calibration.load("plan-calibration.json")
+    cal.cluster().allreduce_s(4e6, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from .collectives import AlphaBeta
+from .forecast import Cluster, Job
+
+__all__ = ["Calibration", "fit_alpha_beta", "job_key", "SCHEMA"]
+
+SCHEMA = "trainscale.plan.calibration/1"
+# The options that change a step's compute or its gradients: a calibration answers only for these.
+KEY_FIELDS = ("model.name", "model.width", "model.depth", "data.name", "data.batch_size", "data.image_size",
+              "data.channels", "data.num_classes", "strategy.amp", "strategy.grad_accum", "optim.name")
+
+
+def job_key(cfg_dict: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fields of a configuration (``config_to_dict`` form) that identify a job for the planner."""
+    out = {}
+    for k in KEY_FIELDS:
+        sec, _, f = k.partition(".")
+        out[k] = cfg_dict.get(sec, {}).get(f)
+    return out
+
+
+def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[AlphaBeta, float]:
+    """Least-squares ``t = alpha + beta * n`` over (bytes, seconds); returns the fit and its relative RMS residual."""
+    n = len(points)
+    if n < 2:
+        raise ValueError("need two sizes or more to fit alpha and beta")
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    beta = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    beta = max(beta, 0.0)  # noise can tilt a flat curve negative; bytes never make it faster
+    alpha = max(my - beta * mx, 0.0)
+    ab = AlphaBeta(alpha, beta)
+    rel = [((alpha + beta * x - y) / y) ** 2 for x, y in points if y > 0]
+    return ab, math.sqrt(sum(rel) / len(rel)) if rel else 0.0
+
+
+@dataclass
+class Calibration:
+    """One job measured on one machine."""
+
+    job: dict[str, Any]                  # job_key(...) of the calibrated options
+    train_args: list[str]                # the options as given
+    params: int                          # trainable parameters
+    tensor_bytes: list[float]            # gradient tensors in backward order
+    buffer_bytes: float                  # buffers DDP broadcasts every forward
+    flops_per_step: float                # forward + backward FLOPs of one device's batch (torch flop counter)
+    cores: int                           # cores the ranks share
+    single: dict[str, dict[str, float]]  # threads -> {step_s, compute_s, spread, samples_per_s}
+    allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, residual, points}
+    contention: dict[str, float] = field(default_factory=dict)          # P -> compute together / alone
+    lockstep: dict[str, bool] = field(default_factory=dict)             # P -> contention includes the slowest rank
+    machine: str = ""
+    commands: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (a crash never leaves half a file)."""
+        from ..lab.common import write_json
+
+        write_json(Path(path), asdict(self))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        """Read a calibration file; anything else is one clear line."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("--calibration", str(path), "no such file (write one with `trainscale plan calibrate`)")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError("--calibration", str(path), f"not JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ConfigError("--calibration", str(path), f"not a calibration file (schema {SCHEMA}); "
+                              "write one with `trainscale plan calibrate`")
+        try:
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except TypeError as e:
+            raise ConfigError("--calibration", str(path), f"incomplete calibration ({e})") from None
+
+    def check_job(self, other: dict[str, Any], path: str) -> None:
+        """Refuse to forecast a job this calibration did not measure, naming the first difference."""
+        for k in KEY_FIELDS:
+            if k in other and other[k] != self.job.get(k):
+                raise ConfigError("--calibration", path, f"measured another job ({k} = {self.job.get(k)!r}, "
+                                  f"these options give {other[k]!r}); re-run `trainscale plan calibrate` with them")
+
+    def base_job(self, threads: int) -> Job:
+        """The 1-process job at ``threads`` intra-op threads (the nearest measured count)."""
+        counts = sorted(int(t) for t in self.single)
+        t = min(counts, key=lambda c: (abs(c - threads), -c))
+        s = self.single[str(t)]
+        return Job(str(self.job.get("model.name")), self.params, int(self.job.get("data.batch_size") or 1),
+                   s["step_s"], s["compute_s"], spread=s.get("spread", 0.0), tensor_bytes=list(self.tensor_bytes),
+                   buffer_bytes=self.buffer_bytes)
+
+    def cluster(self, nproc_max: int = 1) -> Cluster:
+        """This machine as a cluster: measured all-reduce fits, contention and per-thread-count jobs."""
+        fitted = {int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in self.allreduce.items()}
+        single = {int(t): self.base_job(int(t)) for t in self.single}
+        return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted,
+                       contention={int(p): float(v) for p, v in self.contention.items()}, single=single,
+                       cores=self.cores, lockstep={int(p) for p, v in self.lockstep.items() if v})

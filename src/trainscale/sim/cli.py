@@ -1,0 +1,310 @@
+"""``trainscale plan``: forecast speed-up and scaling efficiency before paying for a cluster.
+
+Example::
+
+    trainscale plan calibrate --nproc 2,4 --out plan-cal.json --model resnet18 --data synthetic
+    trainscale plan --calibration plan-cal.json --nproc 1,2,4
+    trainscale plan --model vgg16 --samples-per-s-1 154 --batch-size 64 --gpu P100 --gpus-per-node 4 \\
+        --nodes 1,2,32,128 --intra pcie3 --inter 25gbe
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+
+__all__ = ["main"]
+
+EPILOG = """sources of the 1-device step (one of):
+  --calibration FILE        measured here by `trainscale plan calibrate` (FLOPs of the job kept for other GPUs)
+  --samples-per-s-1 X       a throughput measured elsewhere, with --batch-size (and --params or --model)
+  train options             calibrate now (as `trainscale plan calibrate` would), then forecast
+
+examples:
+  trainscale plan calibrate --nproc 2,3,4 --out cal.json --model mlp --data digits
+  trainscale plan --calibration cal.json --nproc 1,2,3,4                  # this machine
+  trainscale plan --calibration cal.json --gpu V100 --gpus-per-node 8 --nodes 1,2,4 --intra nvlink2 --inter 100gbe
+  trainscale plan --model se_resnext152 --samples-per-s-1 23.33 --batch-size 40 --gpu P40 \\
+      --gpus-per-node 8 --world-size 1,4,8 --topo topo.txt --measured 4:3.15,8:4.79
+  trainscale plan --model vgg16 --samples-per-s-1 154 --batch-size 64 --gpu P100 --gpus-per-node 4 \\
+      --nodes 1,128 --intra pcie3 --inter 25gbe --bucket-mb 64 --compare
+"""
+
+
+def _ints(text: str, key: str) -> list[int]:
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1:
+        raise ConfigError(key, text, "comma-separated integers >= 1, e.g. 1,2,4")
+    return sorted(set(vals))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainscale plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Forecast step time, speed-up and scaling efficiency of a data-parallel job "
+                                            "on a cluster, from one device's step and the cluster's links.",
+                                epilog=EPILOG)
+    a = p.add_argument
+    a("--calibration", metavar="FILE", help="calibration JSON written by `trainscale plan calibrate`")
+    a("--gpu", help="target GPU from the catalogue (P40, P100, V100, A100, H100); none: this calibrated machine")
+    a("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
+    a("--nodes", default="1,2,4,8", help="node counts to forecast, comma-separated (default 1,2,4,8)")
+    a("--world-size", help="device counts instead of --nodes: each at most --gpus-per-node or a multiple of it")
+    a("--nproc", default="1,2,4", help="processes on this machine, for a forecast of the calibrated machine itself")
+    a("--intra", default="pcie3", help="link between devices of a node (pcie3/4/5, nvlink1-4; default pcie3)")
+    a("--inter", default="25gbe", help="link between nodes (10/25/100/200/400gbe, ib-edr/hdr/ndr; default 25gbe)")
+    a("--topo", metavar="FILE", help="`nvidia-smi topo -m` output of one node: the ring's slowest hop sets --intra")
+    a("--samples-per-s-1", type=float, help="measured one-device throughput (instead of the FLOP estimate)")
+    a("--params", type=int, help="parameters of a model not in the registry or catalogue")
+    a("--batch-size", type=int, help="samples per device per step")
+    a("--model", help="catalogue model (inception_v3, resnet101, vgg16, se_resnext152) for --params, or a train model")
+    a("--precision", default="fp32", help="peak used by the FLOP estimate (fp32, tf32, fp16, bf16)")
+    a("--mfu", type=float, default=0.4, help="share of peak FLOP/s the job reaches (FLOP estimate only; default 0.4)")
+    a("--measured", help="measured speed-ups W:S,... (e.g. 4:3.15,8:4.79) or a bench.json: says whether the "
+                         "forecast explains them")
+    a("--json", metavar="PATH", help="write the forecast as JSON ({points: [...], assumptions: {...}})")
+    a("--out", default="runs/plan", help="folder for plan.json, plan.md, plan.html and plots (default runs/plan)")
+    a("--compare", action="store_true", help="rank strategies per world size and say which to use")
+    g = p.add_argument_group("strategy")
+    g.add_argument("--bucket-mb", type=float, default=25.0, help="fusion bucket in MB; 0: one all-reduce per tensor")
+    g.add_argument("--no-overlap", action="store_true", help="all-reduce after backward instead of during it")
+    g.add_argument("--hierarchical", action="store_true", help="intra reduce-scatter, inter all-reduce, intra all-gather")
+    g.add_argument("--algo", default="ring", choices=("ring", "tree"), help="flat all-reduce algorithm")
+    g.add_argument("--compression", default="none", choices=("none", "fp16", "bf16", "powersgd"))
+    g.add_argument("--local-sgd", type=int, default=0, metavar="H", help="average parameters every H steps")
+    g.add_argument("--zero1", action="store_true", help="shard the optimizer state (ZeRO-1)")
+    g.add_argument("--ps-mode", default="", help="parameter server: sync, k-sync, k-batch-sync, async, k-async, "
+                                                  "k-batch-async")
+    g.add_argument("--ps-k", type=int, default=0, help="K of the k-* modes (default P // 2)")
+    g.add_argument("--pipeline-stages", type=int, default=1)
+    g.add_argument("--microbatches", type=int, default=8)
+    g.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V")
+    return p
+
+
+def _strategy(a: argparse.Namespace) -> Any:
+    from .forecast import Strategy
+
+    if a.bucket_mb < 0:
+        raise ConfigError("--bucket-mb", a.bucket_mb, "must be >= 0 (0: one all-reduce per tensor)")
+    return Strategy(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
+                    a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule)
+
+
+def _worlds(a: argparse.Namespace) -> list[int]:
+    if a.gpus_per_node < 1:
+        raise ConfigError("--gpus-per-node", a.gpus_per_node, "must be >= 1")
+    if a.world_size:
+        worlds = _ints(a.world_size, "--world-size")
+        for w in worlds:
+            if w > a.gpus_per_node and w % a.gpus_per_node:
+                raise ConfigError("--world-size", w, f"does not divide into nodes of {a.gpus_per_node} devices; give at "
+                                  f"most {a.gpus_per_node} or a multiple of --gpus-per-node")
+        return worlds
+    return [a.gpus_per_node * n for n in _ints(a.nodes, "--nodes")]
+
+
+def _measured(text: str | None) -> dict[int, float]:
+    if not text:
+        return {}
+    if Path(text).is_file():
+        import json
+
+        try:
+            pts = json.loads(Path(text).read_text())["points"]
+            return {int(p["world_size"]): float(p["speedup"]) for p in pts}
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError("--measured", text, "not a bench.json with points (world_size, speedup)") from None
+    try:
+        return {int(w): float(s) for w, s in (x.split(":") for x in text.split(",") if x.strip())}
+    except ValueError:
+        raise ConfigError("--measured", text, "W:SPEEDUP pairs, e.g. 4:3.15,8:4.79, or a bench.json") from None
+
+
+def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]) -> Any:
+    """The 1-device job on the target GPU: measured throughput, or FLOPs / (peak x mfu)."""
+    from .forecast import Job
+    from .hardware import gpu, known_model
+    from .step import profile_tensors
+
+    entry = known_model(a.model) if a.model else None
+    if a.model and entry is None and cal is None and a.params is None:
+        from .hardware import catalog
+
+        raise ConfigError("--model", a.model, "not in the catalogue; one of " + ", ".join(catalog()["models"]) +
+                          ", or give --params N (or a --calibration of it)")
+    params = a.params or (entry["params"] if entry else (cal.params if cal else None))
+    if params is None:
+        raise ConfigError("--params", None, "needed: give --params N, a catalogue --model, or --calibration FILE")
+    batch = a.batch_size or (int(cal.job.get("data.batch_size")) if cal else None)
+    if not batch:
+        raise ConfigError("--batch-size", None, "needed with --samples-per-s-1 or --params (samples per device)")
+    if a.samples_per_s_1:
+        if a.samples_per_s_1 <= 0:
+            raise ConfigError("--samples-per-s-1", a.samples_per_s_1, "must be a throughput > 0 (samples/s)")
+        step = batch / a.samples_per_s_1
+        assumptions["one_device_step_s"] = f"{step:.4f} = batch {batch} / {a.samples_per_s_1} samples/s (given)"
+    elif cal is not None:
+        g = gpu(a.gpu)
+        flops = cal.flops_per_step * batch / max(1, int(cal.job.get("data.batch_size") or batch))
+        step = flops / (g.peak(a.precision) * a.mfu)
+        assumptions["one_device_step_s"] = (f"{step:.5f} = {flops:.3g} FLOPs (counted) / ({g.name} {a.precision} peak "
+                                            f"{g.peak(a.precision) / 1e12:g} TFLOP/s x mfu {a.mfu})")
+    else:
+        raise ConfigError("--samples-per-s-1", None, "needed without --calibration (a measured one-device throughput)")
+    if cal is not None and not a.params:
+        tb, costs = [b * 1.0 for b in cal.tensor_bytes], None
+    else:
+        tail = (entry or {}).get("tail_params", 0.0), (entry or {}).get("tail_compute", 0.0)
+        tb, costs = profile_tensors(params * 4.0, *tail)
+    assumptions["params"] = f"{params:,}" + (f" ({entry['source']})" if entry and not a.params else "")
+    return Job(a.model or (cal.job.get("model.name") if cal else "job"), params, batch, step, step, tensor_bytes=tb,
+               tensor_costs=costs, buffer_bytes=cal.buffer_bytes if cal else 0.0)
+
+
+def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> list[tuple[int, list[tuple[str, float, float]]]]:
+    """Rank strategies per world size by samples/s."""
+    from .forecast import forecast
+
+    cands = [replace(base, bucket_mb=b) for b in (0, 1, 4, 25, 64)]
+    cands += [replace(base, hierarchical=True), replace(base, compression="fp16"), replace(base, compression="bf16"),
+              replace(base, compression="powersgd"), replace(base, local_sgd_period=4),
+              replace(base, local_sgd_period=16), replace(base, zero1=True),
+              replace(base, ps_mode="sync"), replace(base, ps_mode="k-sync"), replace(base, ps_mode="async")]
+    out = []
+    for w in worlds:
+        ranked = []
+        for s in cands:
+            try:
+                p = forecast(job, cluster, s, [w])[0]
+            except ConfigError:
+                continue
+            ranked.append((s.label(), p.samples_per_s, p.efficiency))
+        ranked.sort(key=lambda r: -r[1])
+        out.append((w, ranked))
+    return out
+
+
+def _calibrate_main(argv: list[str]) -> int:
+    from .calibrate import calibrate
+
+    p = argparse.ArgumentParser(prog="trainscale plan calibrate", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Measure the job on this machine in one short session: its 1-process step "
+                                            "at each thread count a rank will get, and per process count the "
+                                            "backend's all-reduce (alpha, beta, residual) and the compute slow-down of "
+                                            "ranks sharing the cores. Other options go to `trainscale train`.",
+                                epilog="example:\n  trainscale plan calibrate --nproc 2,3,4 --out cal.json --model mlp")
+    p.add_argument("--nproc", default="2,4", help="process counts to measure all-reduce at (default 2,4)")
+    p.add_argument("--out", default="plan-calibration.json", help="calibration file to write")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
+    a, rest = p.parse_known_args(argv)
+    nprocs = _ints(a.nproc, "--nproc")
+    if Path(a.out).is_dir():
+        raise ConfigError("--out", a.out, "is a folder; give a file path for the calibration JSON")
+    try:
+        cal = calibrate(rest, nprocs, Path(a.out), a.timeout, say=lambda m: print(m, file=sys.stderr, flush=True))
+    except RuntimeError as e:
+        print(f"trainscale plan calibrate: {e}", file=sys.stderr)
+        return 1
+    s = cal.single
+    print(f"wrote {a.out}: {cal.params:,} parameters, 1-process step " +
+          ", ".join(f"{v['step_s'] * 1e3:.2f} ms at {t} thread(s)" for t, v in s.items()))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry of ``trainscale plan``."""
+    if argv and argv[0] == "calibrate":
+        return _calibrate_main(argv[1:])
+    from ..lab.common import console, write_json
+    from .calibration import Calibration
+    from .forecast import Cluster, forecast
+    from .report import console_table, plan_json, write_plan
+    from .topology import parse_topo
+    from .verdict import NOT_MODELLED, gaps
+
+    a, rest = _parser().parse_known_args(argv)
+    strategy = _strategy(a)
+    measured = _measured(a.measured)
+    cal = None
+    if a.calibration:
+        cal = Calibration.load(a.calibration)
+        if rest:
+            from ..config import config_to_dict
+            from ..lab.common import check_train_args
+            from .calibration import job_key
+
+            cal.check_job(job_key(config_to_dict(check_train_args(rest))), a.calibration)
+        from .hardware import known_model
+
+        if a.model and known_model(a.model) is None:  # --model names a train model: it must be the calibrated one
+            cal.check_job({"model.name": a.model}, a.calibration)
+        if a.batch_size and not a.gpu:  # this machine's step was measured at the calibrated batch only
+            cal.check_job({"data.batch_size": a.batch_size}, a.calibration)
+    elif rest:
+        from .calibrate import calibrate
+
+        out_cal = Path(a.out) / "calibration.json"
+        cal = calibrate(rest, [n for n in _ints(a.nproc, "--nproc") if n > 1] or [2], out_cal,
+                        say=lambda m: print(m, file=sys.stderr, flush=True))
+    assumptions: dict[str, Any] = {"strategy": strategy.label()}
+    if a.gpu:
+        from .hardware import gpu
+
+        gpu(a.gpu)  # an unknown GPU fails before anything is computed
+        topo = None
+        if a.topo:
+            if not Path(a.topo).is_file():
+                raise ConfigError("--topo", a.topo, "no such file (save `nvidia-smi topo -m` output to it)")
+            topo = parse_topo(Path(a.topo).read_text(), a.topo)
+        cluster = Cluster.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
+        worlds = _worlds(a)
+        job = _job_from_args(a, cal, assumptions)
+        assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{cluster.intra.name} "
+                            f"{cluster.intra.gbs:g} GB/s, {cluster.intra.hw_lat_us} us/hop",
+                            "inter": f"{cluster.inter.name} {cluster.inter.gbs:g} GB/s x {cluster.net_efficiency} "
+                            f"efficiency, {cluster.inter.hw_lat_us} us/hop",
+                            "backward_share": f"{job.backward_share:.2f} of compute (backward ~ 2x forward)",
+                            "batch_size": job.batch_size})
+        if topo is not None:
+            assumptions["topology"] = (f"ring's slowest hop {topo.ring_bottleneck()}, groups {topo.groups()}, "
+                                       f"NIC reached through {topo.nic_class()}")
+        title = f"trainscale plan: {job.name} on {a.gpu} x {a.gpus_per_node} per node"
+    else:
+        if cal is None:
+            raise ConfigError("--gpu", None, "give a target --gpu (with --samples-per-s-1 or --calibration), or "
+                              "--calibration FILE / train options to forecast this machine")
+        worlds = _ints(a.nproc, "--nproc")
+        cluster = cal.cluster(max(worlds))
+        missing = [w for w in worlds if w > 1 and str(w) not in cal.allreduce]
+        job = cal.base_job(cal.cores)
+        assumptions.update({"machine": cal.machine, "calibrated_nproc": sorted(int(p) for p in cal.allreduce),
+                            "extrapolated_nproc": missing, "contention": cal.contention})
+        title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
+    points = forecast(job, cluster, strategy, worlds)
+    assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
+    notes = gaps(points, measured)
+    compare = _compare(job, cluster, strategy, worlds) if a.compare else None
+    if compare:
+        for w, ranked in compare:
+            notes.append(f"{w} devices: use {ranked[0][0]} ({ranked[0][1]:,.1f} samples/s, {ranked[0][2]:.0%} efficiency)"
+                         f"; the default gives {next(r[1] for r in ranked if r[0] == strategy.label()):,.1f}"
+                         if any(r[0] == strategy.label() for r in ranked) else f"{w} devices: use {ranked[0][0]}")
+    doc = plan_json(points, assumptions, {"measured_speedup": measured, "conclusions": notes,
+                                          "compare": compare or []})
+    files = write_plan(Path(a.out), doc, points, notes, compare)
+    if a.json:
+        write_json(Path(a.json), doc)
+    console.print(console_table(points, title))
+    for n in notes:
+        console.print(n, markup=False, highlight=False)
+    console.print("wrote " + ", ".join(str(f) for f in files) + (f", {a.json}" if a.json else ""),
+                  markup=False, highlight=False)
+    return 0

@@ -1,0 +1,308 @@
+"""Forecast: a job (one device's measured or estimated step) on a cluster with a strategy -> one point
+per world size (step time split into compute, exposed communication, bubble and straggler wait).
+
+The model (``Job``, ``Cluster``, ``Strategy``) is plain data; ``forecast`` is a pure function of it.
+
+Example::
+
+    job = Job("vgg16", params=138_357_544, batch_size=32, step_s=32 / 154, compute_s=32 / 154)
+    cluster = Cluster.from_catalog("P100", gpus_per_node=4, intra="pcie3", inter="25gbe")
+    [p.efficiency for p in forecast(job, cluster, Strategy(bucket_mb=64), [4, 512])]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ..config import ConfigError
+from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
+from .hardware import Link, catalog, link
+from .order_stats import expected_max_normal, ps_update_time, sigma_from_spread
+from .step import (compressed_bytes, exposed_comm, input_bound_step, make_buckets, pipeline_bubble,
+                   profile_tensors, ready_at)
+from .topology import Topology
+
+__all__ = ["Job", "Cluster", "Strategy", "Point", "forecast", "world_sizes", "PS_MODES"]
+
+PS_MODES = ("sync", "k-sync", "k-batch-sync", "async", "k-async", "k-batch-async")
+
+
+@dataclass
+class Job:
+    """One device's step of the job, measured (calibration, ``--samples-per-s-1``) or estimated (FLOPs)."""
+
+    name: str
+    params: int                     # parameters whose gradients are exchanged
+    batch_size: int                 # samples per device per step
+    step_s: float                   # one device's whole step (compute + optimizer + loop)
+    compute_s: float                # its forward + backward part
+    backward_share: float = 2 / 3   # of compute_s; backward ~ 2x forward (the 6N FLOPs rule, Kaplan et al. 2020)
+    spread: float = 0.0             # (p90 - p10) / median of per-step compute: the straggler noise
+    bytes_per_param: int = 4        # fp32 gradients
+    tensor_bytes: list[float] = field(default_factory=list)  # gradient tensors in backward order (empty: profile)
+    tensor_costs: list[float] | None = None  # each tensor's share of backward time (None: by bytes)
+    buffer_bytes: float = 0.0       # buffers broadcast from rank 0 every forward (BatchNorm statistics)
+    input_samples_per_s: float | None = None  # one device's input pipeline rate (None: not a bound)
+
+    def __post_init__(self) -> None:
+        if not self.tensor_bytes:
+            self.tensor_bytes, self.tensor_costs = profile_tensors(float(self.params * self.bytes_per_param))
+
+    @property
+    def grad_bytes(self) -> float:
+        return float(sum(self.tensor_bytes))
+
+
+@dataclass
+class Cluster:
+    """Where the job runs: nodes of ``gpus_per_node`` devices, two link classes, or a calibrated host."""
+
+    gpus_per_node: int
+    intra: Link | None = None                 # between devices of a node (None on a calibrated host)
+    inter: Link | None = None                 # between nodes
+    base_lat_s: float = 8.4e-6                # NCCL baseLat Ring/Simple
+    net_efficiency: float = 0.9               # share of the NIC's line rate a ring reaches
+    device: str = "gpu"                       # gpu: compute unchanged by P; cpu: contention factor per P
+    fitted: dict[int, AlphaBeta] = field(default_factory=dict)   # measured all-reduce per process count
+    contention: dict[int, float] = field(default_factory=dict)   # measured compute slow-down per process count
+    single: dict[int, Job] = field(default_factory=dict)         # CPU host: the 1-process job per thread count
+    cores: int = 0                            # CPU host: cores shared by the ranks
+    lockstep: set[int] = field(default_factory=set)  # CPU host: P whose contention includes the slowest rank
+    mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
+    topo: Topology | None = None
+
+    @classmethod
+    def from_catalog(cls, gpu_name: str | None, gpus_per_node: int, intra: str, inter: str,
+                     topo: Topology | None = None) -> "Cluster":
+        """Links from the catalogue; with a topology the intra link is slowed to its ring's slowest hop."""
+        from .hardware import gpu
+
+        nccl = catalog()["nccl"]
+        intra_link = link(intra, "--intra")
+        if topo is not None:
+            intra_link = topo_link(topo, intra_link)
+        mem = gpu(gpu_name).mem_gbs if gpu_name else 0.0
+        return cls(gpus_per_node, intra_link, link(inter, "--inter"), nccl["base_lat_us"]["ring"] * 1e-6,
+                   nccl["net_efficiency"], mem_gbs=mem, topo=topo)
+
+    def allreduce_s(self, nbytes: float, world: int, algo: str = "ring", hierarchical: bool = False) -> float:
+        """Seconds of one all-reduce of ``nbytes`` over ``world`` ranks."""
+        if world <= 1 or nbytes <= 0:
+            return 0.0
+        if self.fitted:
+            if world in self.fitted:
+                return self.fitted[world].time(nbytes)
+            # Beyond the measured counts: the ring shape with the per-hop alpha and beta of the largest fit.
+            p0 = max(self.fitted)
+            ab = self.fitted[p0]
+            hop = ab.alpha / (2 * (p0 - 1))
+            per_byte = ab.beta / (2 * (p0 - 1) / p0)
+            return ring_time(nbytes, world, hop, per_byte)
+        assert self.intra is not None and self.inter is not None
+        local = min(world, self.gpus_per_node)
+        nodes = max(1, world // self.gpus_per_node)
+        inter_bw = self.inter.bytes_per_s * self.net_efficiency
+        if hierarchical and nodes > 1 and local > 1:
+            intra = AlphaBeta(self.intra.hop_s, 1 / self.intra.bytes_per_s)
+            # The L local ranks each run an inter-node ring on their 1/L shard at once: they share the NIC.
+            inter = AlphaBeta(self.inter.hop_s, local / inter_bw)
+            return self.base_lat_s + hierarchical_time(nbytes, local, nodes, intra, inter)
+        if algo == "tree":
+            bw = inter_bw if nodes > 1 else self.intra.bytes_per_s
+            hop = self.inter.hop_s if nodes > 1 else self.intra.hop_s
+            return self.base_lat_s + tree_time(nbytes, world, hop, 1 / bw)
+        return nccl_ring_time(nbytes, local, nodes, self.intra.bytes_per_s, self.intra.hop_s, inter_bw,
+                              self.inter.hop_s, self.base_lat_s)
+
+    def job_at(self, job: Job, world: int) -> tuple[Job, float]:
+        """(the 1-device job as each of ``world`` ranks runs it, compute slow-down from sharing the host)."""
+        if self.device != "cpu":
+            return job, 1.0
+        threads = max(1, self.cores // min(world, self.gpus_per_node)) if self.cores else 1
+        base = self.single.get(threads, job)
+        factor = self.contention.get(world, max(1.0, world * threads / self.cores) if self.cores else 1.0)
+        return base, factor
+
+
+def topo_link(topo: Topology, nominal: Link) -> Link:
+    """The intra-node link as seed 000's matrix allows: the ring's slowest class (NV# = # bonded NVLinks)."""
+    cls = topo.ring_bottleneck()
+    classes = catalog()["topo_classes"]
+    if cls.startswith("NV"):
+        per = nominal.gbs / 6 if nominal.kind == "nvlink" else classes["NV"]["per_link"]
+        return Link(f"{nominal.name} ({cls})", per * int(cls[2:]), nominal.hw_lat_us, "nvlink", nominal.source)
+    entry = classes.get(cls, classes["SYS"])
+    pci = link(entry["link"])
+    base = nominal if nominal.kind == "pci" else pci
+    return base.scaled(entry["efficiency"], f"{base.name} via {cls}")
+
+
+@dataclass
+class Strategy:
+    """How gradients are exchanged (the ``trainscale train --strategy.*`` options and the PS modes)."""
+
+    bucket_mb: float = 25.0          # fusion bucket; 0: one all-reduce per gradient tensor
+    overlap: bool = True             # buckets all-reduced as backward produces them
+    hierarchical: bool = False       # intra reduce-scatter, inter all-reduce, intra all-gather
+    algo: str = "ring"               # ring or tree (flat)
+    compression: str = "none"        # none, fp16, bf16, powersgd
+    powersgd_rank: int = 1
+    local_sgd_period: int = 0        # average parameters every H steps instead of every step's gradients
+    zero1: bool = False              # shard optimizer state: an extra all-gather of parameters after the step
+    ps_mode: str = ""                # a parameter-server mode instead of all-reduce
+    ps_k: int = 0                    # K of the k-* modes (0: P // 2)
+    ps_server_gbs: float = 0.0       # the server's link, GB/s (0: the inter link)
+    pipeline_stages: int = 1
+    microbatches: int = 8
+    schedule: str = "1f1b"
+
+    def label(self) -> str:
+        """Short name of this strategy for tables."""
+        if self.ps_mode:
+            return f"ps {self.ps_mode}" + (f" K={self.ps_k or 'P/2'}" if self.ps_mode.startswith("k-") else "")
+        parts = [f"bucket {self.bucket_mb:g} MB" if self.bucket_mb else "no fusion"]
+        if not self.overlap:
+            parts.append("no overlap")
+        if self.hierarchical:
+            parts.append("hierarchical")
+        if self.algo != "ring":
+            parts.append(self.algo)
+        if self.compression != "none":
+            parts.append(self.compression)
+        if self.local_sgd_period:
+            parts.append(f"local SGD H={self.local_sgd_period}")
+        if self.zero1:
+            parts.append("ZeRO-1")
+        if self.pipeline_stages > 1:
+            parts.append(f"pipeline {self.pipeline_stages}x{self.microbatches} {self.schedule}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Point:
+    """The forecast at one world size (times in seconds per optimizer step)."""
+
+    world_size: int
+    nodes: int
+    step_time_s: float
+    samples_per_s: float
+    speedup: float
+    efficiency: float
+    compute_s: float        # forward + backward (+ optimizer and loop) of the slowest rank's typical step
+    comm_exposed_s: float   # communication not hidden behind backward
+    comm_total_s: float     # all communication of the step, hidden or not
+    bubble_s: float         # pipeline idle time
+    straggler_s: float      # expected wait for the slowest of P ranks
+    comm_overhead_s: float  # step time at P minus the 1-device step (seed 002's definition)
+    bound: str              # what bounds the step: compute, communication, bubble, straggler, input, server
+    strategy: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def world_sizes(gpus_per_node: int, nodes: list[int]) -> list[int]:
+    """Devices for each node count."""
+    return [gpus_per_node * n for n in nodes]
+
+
+def _bound(parts: dict[str, float]) -> str:
+    return max(parts, key=lambda k: parts[k])
+
+
+def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
+    """One world size (without speed-up, filled in by ``forecast``)."""
+    base, slow = cluster.job_at(job, world)
+    nodes = max(1, math.ceil(world / cluster.gpus_per_node))
+    compute = base.compute_s * slow
+    other = max(0.0, base.step_s - base.compute_s) * slow
+    sigma = sigma_from_spread(base.spread, compute)
+    straggler = sigma * expected_max_normal(world)
+    if world in cluster.lockstep:
+        straggler = 0.0  # the lock-step probe measured the slowest rank's compute already: not counted twice
+    bubble = 0.0
+    dp = world
+    tensor_bytes, costs = list(base.tensor_bytes), base.tensor_costs
+    if s.pipeline_stages > 1:
+        if world % s.pipeline_stages:
+            raise ConfigError("--pipeline-stages", s.pipeline_stages, f"must divide the world size {world}")
+        dp = world // s.pipeline_stages
+        frac = pipeline_bubble(s.pipeline_stages, s.microbatches, s.schedule)
+        bubble = compute * frac / (1 - frac)
+        tensor_bytes = [b / s.pipeline_stages for b in tensor_bytes]  # each stage holds 1/S of the model
+    ratio = compressed_bytes(1.0, s.compression, s.powersgd_rank) if s.compression != "powersgd" else \
+        compressed_bytes(sum(tensor_bytes), "powersgd", s.powersgd_rank) / max(1.0, sum(tensor_bytes))
+    codec = 0.0
+    if s.compression != "none" and cluster.mem_gbs:
+        passes = 3 if s.compression in ("fp16", "bf16") else 10  # read, write, cast back; PowerSGD's matmuls
+        codec = passes * sum(tensor_bytes) / (cluster.mem_gbs * 1e9)
+
+    def t_of(nbytes: float) -> float:
+        return cluster.allreduce_s(nbytes * ratio, dp, s.algo, s.hierarchical)
+
+    if s.ps_mode:
+        return _ps_point(base, cluster, s, world, nodes, compute + other, sigma)
+    buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
+    backward = compute * base.backward_share
+    # A CPU host whose cores are all busy computing has none left for the all-reduce threads: no overlap.
+    busy = cluster.device == "cpu" and cluster.cores and world * max(1, cluster.cores // world) >= cluster.cores
+    overlap = s.overlap and not busy
+    exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, costs), t_of, backward, overlap)
+    if base.buffer_bytes and dp > 1:
+        b = cluster.allreduce_s(base.buffer_bytes, dp) / 2  # a broadcast moves half an all-reduce
+        exposed, total = exposed + b, total + b
+    if s.local_sgd_period:
+        avg = t_of(sum(tensor_bytes)) / s.local_sgd_period  # one parameter average every H steps, not hidden
+        exposed, total = avg, avg
+    if s.zero1:
+        gather = t_of(sum(tensor_bytes)) / 2  # all-gather of the updated shards after the step
+        exposed, total = exposed + gather, total + gather
+    exposed += codec
+    step = compute + other + exposed + bubble + straggler
+    input_step = input_bound_step(base.batch_size, base.input_samples_per_s)
+    parts = {"compute": compute + other, "communication": exposed, "bubble": bubble, "straggler": straggler}
+    bound = "input" if input_step > step else _bound(parts)
+    step = max(step, input_step)
+    samples = base.batch_size * world * (s.pipeline_stages if s.pipeline_stages > 1 else 1) / s.pipeline_stages
+    return Point(world, nodes, step, samples / step, 0.0, 0.0, compute + other, exposed, total, bubble, straggler,
+                 0.0, bound, s.label())
+
+
+def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, busy_s: float,
+              sigma: float) -> Point:
+    """A parameter-server mode: learner times shift + Exp(sigma) (seed 002's model), the server's link a bound."""
+    k = s.ps_k or max(1, world // 2)
+    if s.ps_mode not in PS_MODES:
+        raise ConfigError("--ps-mode", s.ps_mode, "one of " + ", ".join(PS_MODES))
+    server_bw = (s.ps_server_gbs * 1e9) if s.ps_server_gbs else (
+        cluster.inter.bytes_per_s * cluster.net_efficiency if cluster.inter else 1e9)
+    push_pull = 2 * job.grad_bytes / server_bw  # one learner's push and pull through the server
+    update = ps_update_time(s.ps_mode, world, k if s.ps_mode.startswith("k-") else world, max(sigma, 1e-9),
+                            busy_s + push_pull)
+    grads = {"sync": world, "async": 1}.get(s.ps_mode, k)
+    server = grads * 2 * job.grad_bytes / server_bw  # every gradient in and every parameter copy out
+    step = max(update, server)
+    bound = "server" if server >= update else ("compute" if busy_s >= push_pull else "communication")
+    samples = job.batch_size * grads
+    return Point(world, nodes, step, samples / step, 0.0, 0.0, busy_s, max(0.0, step - busy_s), push_pull + server,
+                 0.0, max(0.0, update - busy_s - push_pull), 0.0, bound, s.label())
+
+
+def forecast(job: Job, cluster: Cluster, strategy: Strategy, worlds: list[int]) -> list[Point]:
+    """The forecast at each world size; speed-up and efficiency against one device of the same job."""
+    one = _step(job, cluster, Strategy(), 1)
+    points = []
+    for w in worlds:
+        p = _step(job, cluster, strategy, w)
+        p.speedup = p.samples_per_s / one.samples_per_s
+        p.efficiency = p.speedup / w
+        p.comm_overhead_s = p.step_time_s - one.step_time_s
+        points.append(p)
+    return points
+
+
+def with_job(job: Job, **changes: Any) -> Job:
+    """A copy of ``job`` with fields changed."""
+    return replace(job, **changes)

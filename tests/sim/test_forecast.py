@@ -1,0 +1,70 @@
+"""Forecasts against hand-computed cases and the calibration file's checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.config import ConfigError
+from trainscale.sim.calibration import Calibration, fit_alpha_beta
+from trainscale.sim.collectives import AlphaBeta
+from trainscale.sim.forecast import Cluster, Job, Strategy, forecast
+from trainscale.sim.hardware import gpu, link
+
+
+def test_fit_alpha_beta_exact():
+    ab, resid = fit_alpha_beta([(0.0, 1e-4), (1e6, 1.1e-3), (2e6, 2.1e-3)])
+    assert ab.alpha == pytest.approx(1e-4) and ab.beta == pytest.approx(1e-9) and resid == pytest.approx(0, abs=1e-9)
+
+
+def test_no_overlap_step_is_compute_plus_allreduce():
+    # one bucket of 4 MB, all-reduce measured as 1 ms + 1 ns/B at P=2, compute 100 ms, no noise
+    job = Job("j", params=1_000_000, batch_size=10, step_s=0.1, compute_s=0.1, tensor_bytes=[4e6])
+    cluster = Cluster(gpus_per_node=2, fitted={2: AlphaBeta(1e-3, 1e-9)})
+    p = forecast(job, cluster, Strategy(bucket_mb=25, overlap=False), [2])[0]
+    assert p.comm_exposed_s == pytest.approx(1e-3 + 4e-3)
+    assert p.step_time_s == pytest.approx(0.105)
+    assert p.speedup == pytest.approx(2 * 0.1 / 0.105)
+    assert p.efficiency == pytest.approx(0.1 / 0.105)
+
+
+def test_cpu_contention_scales_compute():
+    job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0])
+    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, contention={4: 2.0}, fitted={4: AlphaBeta(0.0, 0.0)})
+    p = forecast(job, cluster, Strategy(), [4])[0]
+    assert p.compute_s == pytest.approx(0.4)  # (0.1 compute + 0.1 optimizer/loop) x 2
+
+
+def test_catalog_errors_name_what_is_accepted():
+    with pytest.raises(ConfigError, match="--gpu = 'Z80': unknown GPU; one of P40, P100, V100, A100, H100"):
+        gpu("Z80")
+    with pytest.raises(ConfigError, match="unknown link; one of .*25gbe"):
+        link("carrier-pigeon", "--inter")
+
+
+def test_calibration_from_another_job(tmp_path):
+    cal = Calibration({"model.name": "mlp", "data.batch_size": 32}, [], 10, [40.0], 0.0, 1.0, 2,
+                      {"2": {"step_s": 0.01, "compute_s": 0.008}})
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    again = Calibration.load(path)
+    assert again.params == 10
+    with pytest.raises(ConfigError, match="measured another job .model.name = 'mlp', these options give 'resnet18'"):
+        again.check_job({"model.name": "resnet18", "data.batch_size": 32}, str(path))
+    (tmp_path / "bad.json").write_text('{"points": []}')
+    with pytest.raises(ConfigError, match="not a calibration file"):
+        Calibration.load(tmp_path / "bad.json")
+
+
+def test_horovod_setting_within_ten_points():
+    """The published Horovod benchmark (docs/plan.md lists every assumption)."""
+    from trainscale.sim.hardware import known_model
+    from trainscale.sim.step import profile_tensors
+
+    cluster = Cluster.from_catalog("P100", 4, "pcie3", "25gbe")
+    for name, ips, batch, published in (("inception_v3", 142, 64, 0.90), ("resnet101", 140, 64, 0.90),
+                                        ("vgg16", 154, 64, 0.68)):
+        m = known_model(name)
+        tb, costs = profile_tensors(m["params"] * 4.0, m["tail_params"], m["tail_compute"])
+        job = Job(name, m["params"], batch, batch / ips, batch / ips, tensor_bytes=tb, tensor_costs=costs)
+        p = forecast(job, cluster, Strategy(bucket_mb=64), [512])[0]
+        assert abs(p.efficiency - published) <= 0.10, (name, p.efficiency)
