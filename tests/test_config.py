@@ -28,7 +28,7 @@ def test_print_config_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("argv, key, fragment", [
-    (["--strategy.bucket_size", "3"], "strategy.bucket_size", "unknown field of [strategy]; fields are name, bucket_mb"),
+    (["--strategy.bucket_size", "3"], "strategy.bucket_size", "unknown field of [strategy]; did you mean strategy.bucket_mb? fields are name, bucket_mb"),
     (["--nosuch.x", "1"], "nosuch.x", "unknown section"),
     (["--job.steps", "ten"], "job.steps", "expected an integer"),
     (["--strategy.bucket_mb", "-1"], "strategy.bucket_mb", "must be a number >= 0"),
