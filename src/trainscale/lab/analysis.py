@@ -214,7 +214,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
 BOOTSTRAPPED = ("input", "communication", "straggler", "compute_interference", "external_load")
 
 
-def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
+def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15,
             profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
             threads: dict[int, list[dict[str, Any]]] | None = None, replicates: int = 300) -> dict[str, Any]:
     """Split the scaling loss of ``runs`` into ranked causes with intervals and verdicts (see the module docstring).
@@ -250,6 +250,8 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.05,
             pp = 1.0 if c["low_s"] > 0 else 0.5
             c.update(interval_s=[c["low_s"], v + c["noise_s"]], p_positive=None, method="spread")
         c["verdict"] = verdict(v, c["low_s"], pp, floor)
+        if c["verdict"] == "clear" and any(x <= 0 for x in c["per_repeat_s"] if math.isfinite(x)):
+            c["verdict"] = "likely"  # clear needs every repeat to show it: separate runs differ in placement
         c["significant"] = c["verdict"] == "clear"
     rank = {"clear": 0, "likely": 1, "undecided": 2, "no": 3}
     causes.sort(key=lambda c: (rank[c["verdict"]], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
