@@ -19,7 +19,7 @@ import time
 import numpy as np
 import ray
 
-from ps_cpu import cpu_s
+from _ps_cpu import cpu_s
 
 
 class Plain:

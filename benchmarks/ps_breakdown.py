@@ -24,7 +24,7 @@ import ray
 import torch
 
 import ps_throughput as tp
-from ps_cpu import CpuMeter, ray_daemons
+from _ps_cpu import CpuMeter, ray_daemons
 from trainscale.config import DataConfig, load_config
 from trainscale.data import build_datasets
 from trainscale.models import build_model

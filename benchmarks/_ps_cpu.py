@@ -1,4 +1,4 @@
-"""CPU seconds of the processes of a local parameter-server run, read from /proc (Linux), by role.
+"""Helper module (not a benchmark: it prints nothing). CPU seconds of the processes of a local parameter-server run, read from /proc (Linux), by role.
 
 Helper of ``ps_scaling.py`` and ``ps_breakdown.py``; not a benchmark itself.
 """
