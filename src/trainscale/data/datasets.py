@@ -44,6 +44,17 @@ class DataInfo:
     std: tuple[float, ...]
 
 
+def infer_info(sample_shape: tuple[int, ...], targets: torch.Tensor | None) -> DataInfo:
+    """A DataInfo for data that came without one: the input shape of one sample; as many outputs as one float
+    target has values (regression), else integer labels' max + 1 (classification), else 10."""
+    if targets is not None and targets.is_floating_point():
+        classes = max(1, targets[0].numel() if targets.dim() > 1 else 1)
+    else:
+        classes = int(targets.max()) + 1 if targets is not None and targets.numel() else 10
+    c = sample_shape[0] if len(sample_shape) >= 3 else 1
+    return DataInfo(tuple(sample_shape), classes, (0.0,) * c, (1.0,) * c)
+
+
 Factory = Callable[[DataConfig], tuple[Dataset, Dataset, DataInfo]]
 _DATASETS: dict[str, Factory] = {}
 

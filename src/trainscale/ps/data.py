@@ -52,14 +52,10 @@ def as_arrays(ds: Any, what: str = "data.name") -> TrainArrays:
 
 
 def infer_info(arrays: TrainArrays) -> Any:
-    """A DataInfo for a builder that returned none: shape from a sample, classes from integer targets."""
-    from ..data import DataInfo
+    """A DataInfo for a builder that returned none (the same rule as ``trainscale train``'s)."""
+    from ..data import infer_info as infer
 
-    shape = tuple(arrays.x.shape[1:])
-    y = arrays.y
-    classes = int(y.max()) + 1 if y.size and np.issubdtype(y.dtype, np.integer) else 10
-    c = shape[0] if len(shape) >= 3 else 1
-    return DataInfo(shape, classes, (0.0,) * c, (1.0,) * c)
+    return infer(tuple(arrays.x.shape[1:]), torch.from_numpy(np.ascontiguousarray(arrays.y)))
 
 
 def loss_name(cfg: Config) -> str:

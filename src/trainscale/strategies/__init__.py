@@ -20,7 +20,7 @@ from .hooks import CommHooks
 from .local_sgd import ModelAveraging, apply_local_sgd
 from .zero import apply_zero, optimizer_state_bytes, optimizer_state_dict
 
-__all__ = ["Strategy", "Prepared", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
+__all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
            "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter", "ring_bytes",
            "apply_zero", "optimizer_state_bytes", "optimizer_state_dict"]
 
@@ -120,7 +120,6 @@ class Strategy:
         return strategy_summary(self, opt, skip, ablated, self.calls_per_step() if calls is None else calls)
 
 
-Prepared = Strategy  # the name before the seam had operations
 
 
 def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Strategy:

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
 from ..log import logger
-from ..data import DataInfo, build_datasets, eval_batches
+from ..data import DataInfo, build_datasets, eval_batches, infer_info
 from ..distributed import DistEnv
 from ..models import build_model
 from .checkpoint import CheckpointWriteError, prune
@@ -59,13 +59,10 @@ def prepare(model: nn.Module, cfg: Config | None = None) -> tuple[nn.Module, Dis
 
 def _infer_info(ds: Dataset) -> DataInfo:
     x, y = ds[0][0], ds[0][1]
-    labels = getattr(ds, "labels", None)
     if torch.is_tensor(y) and y.is_floating_point():  # regression: the model predicts y's shape
-        classes = max(1, y.numel())
-    else:
-        classes = int(labels.max()) + 1 if torch.is_tensor(labels) else 10
-    c = x.shape[0] if x.dim() >= 3 else 1
-    return DataInfo(tuple(x.shape), classes, (0.0,) * c, (1.0,) * c)
+        return infer_info(tuple(x.shape), y.unsqueeze(0))
+    labels = getattr(ds, "labels", None)
+    return infer_info(tuple(x.shape), labels if torch.is_tensor(labels) else None)
 
 
 class Trainer:
