@@ -57,9 +57,9 @@ def test_strategies_in_a_users_loop_equal_trainscale_train(tmp_path, strategy):
 
 @pytest.mark.timeout(300)
 def test_a_script_that_never_calls_finish_exits_cleanly(tmp_path):
-    for i in range(2):  # intermittent before the fix (about 1 in 50): 30 in a row are in the closing note
-        r = launch(SCRIPT, str(tmp_path / f"w{i}.pt"), "--no-finish", timeout=100)
-        assert r.rc == 0 and "terminate called" not in r.text, r.text
+    # Intermittent before the fix (about 1 in 50): one launch here, 30 in a row are in the closing note.
+    r = launch(SCRIPT, str(tmp_path / "w.pt"), "--no-finish", timeout=100)
+    assert r.rc == 0 and "terminate called" not in r.text, r.text
 
 
 BAD_LOSS = '''
