@@ -5,17 +5,13 @@ the losses; micro-batching only changes the float32 summation order of the gradi
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from clitools import run_cli
+from clitools import REPO, run_cli
 from pipeline_common import COMMON, GLOBAL_BATCH, STEPS, assert_same_training, reference
-
-HERE = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
 def ref6():
@@ -29,12 +25,16 @@ def _weights(folder: Path) -> dict:
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_four_stages_and_two_by_two_hybrid_equal_one_process(tmp_path, ref6):
-    cases = {"gpipe4": "--strategy.pipeline_stages,4,--strategy.schedule,gpipe",
-             "1f1b4": "--strategy.pipeline_stages,4,--strategy.schedule,1f1b,--strategy.split,uniform",
-             "hybrid2x2": "--strategy.pipeline_stages,2,--strategy.schedule,1f1b"}
-    r = run_cli(["launch", "--nproc-per-node", "4", str(HERE / "parity_script.py"), str(tmp_path),
-                 *(f"{k}={v}" for k, v in cases.items())], timeout=140,
-                env={"PYTHONPATH": f"{HERE}:{HERE.parent}:" + ":".join(sys.path)})
+    cases = {"gpipe4": ["--strategy.pipeline_stages", "4", "--strategy.schedule", "gpipe"],
+             "1f1b4": ["--strategy.pipeline_stages", "4", "--strategy.schedule", "1f1b", "--strategy.split", "uniform"],
+             "hybrid2x2": ["--strategy.pipeline_stages", "2", "--strategy.schedule", "1f1b"]}
+    jobs = []
+    for name, args in cases.items():  # the same global batch: each replica reads GLOBAL_BATCH / replicas
+        batch = GLOBAL_BATCH * int(args[1]) // 4
+        jobs.append(name + "=" + ",".join([*COMMON, "--job.steps", str(STEPS), "--data.batch_size", str(batch),
+                                           "--checkpoint.dir", str(tmp_path / name), *args]))
+    r = run_cli(["launch", "--nproc-per-node", "4", str(REPO / "benchmarks" / "_pipeline_job.py"), str(tmp_path),
+                 *jobs], timeout=140)
     assert r.rc == 0, r.text[-3000:]
     for name in cases:
         summary = json.loads((tmp_path / name / "run.json").read_text())
