@@ -271,6 +271,11 @@ class StrategyConfig(_Section):
         if self.schedule in ("gpipe", "1f1b") and self.stages_per_rank != 1:
             self._fail("stages_per_rank", f"{self.schedule} runs one chunk per process; set 1, or use "
                                           "strategy.schedule interleaved-1f1b")
+        if self.schedule != "gpipe" and self.microbatches < self.pipeline_stages:
+            self._fail("microbatches", f"{self.schedule} needs at least as many micro-batches as stages "
+                                       f"({self.pipeline_stages}); or use strategy.schedule gpipe")
+        if self.schedule in ("interleaved-1f1b", "zbv") and self.microbatches % self.pipeline_stages:
+            self._fail("microbatches", f"{self.schedule} needs a multiple of the stage count {self.pipeline_stages}")
         if self.grad_accum != 1:
             self._fail("grad_accum", "pipelining accumulates over its micro-batches itself; set 1 and raise "
                                      "strategy.microbatches")
