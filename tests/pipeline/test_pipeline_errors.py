@@ -5,7 +5,7 @@ import pytest
 from clitools import run_cli
 from trainscale.config import Config, ConfigError, load_config
 from trainscale.lab.pipeline_analysis import pipeline_causes, pipeline_experiments
-from trainscale.strategies import check_strategy
+from trainscale.train.cli import parse, preflight
 
 PP = ["--strategy.pipeline_stages", "2"]
 
@@ -30,24 +30,27 @@ def test_bad_pipeline_configs_are_refused(args, key, words):
     assert e.value.key == key and words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_world_not_divisible_by_stages():
-    with pytest.raises(ConfigError, match="must divide the world size 3"):
-        check_strategy(load_config(PP).strategy, 3, 3)
-    check_strategy(load_config(PP).strategy, 4, 4)
+@pytest.mark.parametrize("args,expected", [
+    (["--nproc", "3", *PP], "strategy.pipeline_stages = 2: must divide the world size 3"),
+    (["--nproc", "2", *PP, "--strategy.split", "3,5"], "strategy.split = '3,5': give 1 layer names"),
+    (["--nproc", "2", *PP, "--strategy.split", "9"], "strategy.split = '9': no layer named '9'; layers are 1, 3, 5"),
+], ids=["world", "split-count", "split-name"])
+def test_preflight_refuses_what_needs_the_world_or_the_model(args, expected):
+    parsed, cfg = parse(args)
+    with pytest.raises(ConfigError) as e:
+        preflight(parsed, cfg)
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value)
+    preflight(*parse(["--nproc", "4", *PP, "--strategy.split", "5"]))  # 2 replicas x 2 stages, a good name
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("args,expected", [
-    (["--nproc", "4", "--strategy.pipeline_stages", "4"],
-     "strategy.pipeline_stages = 4: more stages (4 model chunks) than mlp's 3 layers (1, 3, 5)"),
-    (["--nproc", "3", *PP], "strategy.pipeline_stages = 2: must divide the world size 3"),
-    (["--nproc", "2", *PP, "--strategy.split", "3,5"], "strategy.split = '3,5': give 1 layer names"),
-], ids=["layers", "world", "split-names"])
-def test_cli_refuses_before_any_process_starts(tmp_path, args, expected):
+def test_cli_refuses_more_stages_than_layers_before_any_process_starts(tmp_path):
     out = tmp_path / "s.json"
-    r = run_cli(["train", *args, "--json", str(out)], timeout=80)
+    r = run_cli(["train", "--nproc", "4", "--strategy.pipeline_stages", "4", "--json", str(out)], timeout=80)
     lines = [ln for ln in r.err.splitlines() if ln.strip()]
-    assert r.rc == 2 and len(lines) == 1 and lines[0] == f"trainscale train: {expected}", r.err
+    assert r.rc == 2 and len(lines) == 1, r.err
+    assert lines[0] == ("trainscale train: strategy.pipeline_stages = 4: more stages (4 model chunks) than mlp's 3 "
+                        "layers (1, 3, 5)")
     assert "Distributed environment" not in r.text and list(tmp_path.iterdir()) == []
 
 
@@ -64,10 +67,10 @@ def test_doctor_names_bubble_and_imbalance_by_experiment():
     assert "split_auto" not in pipeline_experiments(Config())
     runs = {"base": [_summary(1.0, 2, 0.4, 1.5, ["1", "5"]), _summary(1.1, 2, 0.4, 1.5, ["1", "5"])],
             "more_microbatches": [_summary(0.8, 4, 0.25, 1.5, ["1", "5"]), _summary(0.85, 4, 0.25, 1.5, ["1", "5"])],
-            "split_auto": [_summary(0.98, 2, 0.4, 1.1, ["1", "3"]), _summary(1.12, 2, 0.4, 1.1, ["1", "3"])]}
+            "split_auto": [_summary(0.95, 2, 0.4, 1.1, ["1", "3"]), _summary(1.09, 2, 0.4, 1.1, ["1", "3"])]}
     causes = {c["name"]: c for c in pipeline_causes(runs, cfg)}
     bubble, imb = causes["pipeline_bubble"], causes["stage_imbalance"]
     assert bubble["verdict"] == "clear" and bubble["apply_flags"] == {"strategy.microbatches": "4"}
     assert bubble["seconds_per_step"] == pytest.approx(0.225)
-    assert imb["verdict"] == "likely"  # one repeat saved nothing: not clear
+    assert imb["verdict"] == "likely"  # one repeat saved under 5% of the step: not clear
     assert "--strategy.split auto" in imb["suggestion"] and "1.50" in imb["evidence"]
