@@ -55,7 +55,6 @@ class Strategy:
         self.hook_state: Any = None
         self.pipe: Pipeline | None = None
         self.group: Any = None  # the process group gradients are averaged over (None: the world)
-        self.data_rank, self.data_world = 0, world  # which shard of the data this rank reads, of how many
         self.steps = 0
         self._calls = 0  # all-reduce calls of the last step made by sync_gradients
 
@@ -203,10 +202,9 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
 
 def apply_pipeline(model: nn.Module, env: DistEnv, cfg: StrategyConfig, autocast: Callable[[], ContextManager],
                    scaler: torch.amp.GradScaler, layers: list[str] | None) -> Strategy:
-    """Pipeline (x data) parallelism: the stages are cut at the first step; each replica reads its own data shard."""
+    """Pipeline (x data) parallelism: the stages are cut at the first step; DDP averages over the replica group."""
     pipe = Pipeline(model, env, cfg, autocast, layers)
     p = Strategy(model, model, autocast, scaler, CommMeter(), pipe.replicas, cfg.overlap)
     p.pipe, p.group = pipe, pipe.dp_group
-    p.data_rank, p.data_world = pipe.replica, pipe.replicas
     p.amp = cfg.amp != "none"
     return p

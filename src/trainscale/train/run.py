@@ -198,8 +198,8 @@ class Run:
 
     def _shard(self) -> tuple[int, int]:
         """(which shard, of how many) of the training data this rank reads: a pipeline's stages share one."""
-        st = self.strategy
-        return (st.data_rank, st.data_world) if st is not None else (self.env.rank, self.env.world_size)
+        pipe = self.strategy.pipe if self.strategy is not None else None
+        return (pipe.replica, pipe.replicas) if pipe is not None else (self.env.rank, self.env.world_size)
 
     # ------------------------------------------------------------------ the loop
     def batches(self, loader: Any, steps: int | None = None) -> Iterator[Any]:
