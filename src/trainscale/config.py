@@ -463,6 +463,7 @@ class Config:
     ps: PsConfig = field(default_factory=PsConfig)
 
     def __post_init__(self) -> None:
+        """Checks across sections (a pipeline's micro-batches against the batch, experiments it cannot run)."""
         s = self.strategy
         if s.pipeline_stages <= 1:
             return

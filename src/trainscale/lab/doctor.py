@@ -353,11 +353,7 @@ def main(argv: list[str]) -> int:
         if doc.get("apply"):
             console.print(f"applied: {doc['apply']['text']}", highlight=False)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
-    if doc["error"]:
-        err_console.print(f"trainscale doctor: {doc['error']['message']}\n  command: {doc['error']['command']}",
-                          markup=False, highlight=False)
-        return 1
-    return 0
+    return _exit_code(doc)
 
 
 def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str] | None, cfg: Any) -> int:
@@ -387,6 +383,11 @@ def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str
         console.print(f"{i}. [bold]{c['name']}[/bold] ({c['verdict']}, {c['seconds_per_step'] * 1e3:.1f} ms/step, "
                       f"{c['share']:.0%} of the step): {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
     console.print(f"wrote {out / 'doctor.json'}")
+    return _exit_code(doc)
+
+
+def _exit_code(doc: dict[str, Any]) -> int:
+    """1, with the failed run's message and command, when an experiment failed; else 0."""
     if doc["error"]:
         err_console.print(f"trainscale doctor: {doc['error']['message']}\n  command: {doc['error']['command']}",
                           markup=False, highlight=False)
