@@ -30,3 +30,18 @@ def spread(values: list[float]) -> float:
 def emit(result: dict[str, Any]) -> None:
     """The benchmark's result: one JSON object on the last line of stdout."""
     print(json.dumps(result))
+
+
+def launch_runs(nproc: int, cases: list[tuple[str, list[str]]], timeout: float = 1200) -> dict[str, dict[str, Any]]:
+    """Run ``cases`` (name, trainscale train arguments) in order in one launched job of ``nproc`` processes.
+
+    One process-group start-up for all (``_pipeline_job.py``); returns each case's summary by name.
+    """
+    here = Path(__file__).parent
+    with tempfile.TemporaryDirectory() as d:
+        jobs = [f"{name}=" + ",".join([*args, "--log.progress", "none"]) for name, args in cases]
+        p = subprocess.run([sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc),
+                            str(here / "_pipeline_job.py"), d, *jobs], capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise SystemExit(f"trainscale launch failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        return {name: json.loads((Path(d) / name / "run.json").read_text()) for name, _ in cases}

@@ -223,6 +223,18 @@ class StrategyConfig(_Section):
     shard_optimizer: bool = _f(False, "shard optimizer state across ranks (ZeroRedundancyOptimizer)")
     bucket_candidates: str = _f("1,4,16,64", "bucket sizes in MB that bucket_mb auto tries")
     autotune_steps: int = _f(3, "timed steps per bucket size tried by bucket_mb auto (after 2 warm-up steps)")
+    pipeline_stages: int = _f(1, "pipeline parallelism: processes the model is split across (torch.distributed."
+                                 "pipelining); 1: off; the world is replicas x stages, DDP inside each stage's replicas")
+    microbatches: int = _f(4, "pipeline: micro-batches each process's batch (data.batch_size) is cut into; must "
+                              "divide it; more micro-batches, smaller bubble")
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zbv"] = _f(
+        "1f1b", "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, interleaved-1f1b (several "
+                "model chunks per process, strategy.stages_per_rank), zbv (zero-bubble V, 2 chunks per process)")
+    stages_per_rank: int = _f(1, "pipeline: model chunks per process (interleaved-1f1b: >= 2; zbv: 2)")
+    split: str = _f("auto", "where the model is cut: auto (each layer's forward+backward timed on this device with "
+                            "the real micro-batch, then the split that minimises the slowest stage), uniform (layers), "
+                            "params (parameter count), or the comma-separated names of the layers that start "
+                            "stages 2, 3, ...")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -242,6 +254,44 @@ class StrategyConfig(_Section):
             cands = []
         if not cands or min(cands) < 0:
             self._fail("bucket_candidates", "comma-separated sizes in MB >= 0, e.g. 1,4,16,64")
+        self._at_least("pipeline_stages", 1, "1 means no pipeline")
+        self._at_least("microbatches", 1)
+        self._at_least("stages_per_rank", 1)
+        if not isinstance(self.split, str) or not self.split.strip():
+            self._fail("split", "auto, uniform, params, or comma-separated layer names")
+        if self.pipeline_stages > 1:
+            self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """Pipelining with what it cannot be combined with (one line each, at start)."""
+        if self.schedule == "zbv" and self.stages_per_rank != 2:
+            self._fail("stages_per_rank", "zbv runs exactly 2 model chunks per process (its V shape); set 2")
+        if self.schedule == "interleaved-1f1b" and self.stages_per_rank < 2:
+            self._fail("stages_per_rank", "interleaved-1f1b needs >= 2 model chunks per process")
+        if self.schedule in ("gpipe", "1f1b") and self.stages_per_rank != 1:
+            self._fail("stages_per_rank", f"{self.schedule} runs one chunk per process; set 1, or use "
+                                          "strategy.schedule interleaved-1f1b")
+        if self.schedule != "gpipe" and self.microbatches < self.pipeline_stages:
+            self._fail("microbatches", f"{self.schedule} needs at least as many micro-batches as stages "
+                                       f"({self.pipeline_stages}); or use strategy.schedule gpipe")
+        if self.schedule in ("interleaved-1f1b", "zbv") and self.microbatches % self.pipeline_stages:
+            self._fail("microbatches", f"{self.schedule} needs a multiple of the stage count {self.pipeline_stages}")
+        if self.grad_accum != 1:
+            self._fail("grad_accum", "pipelining accumulates over its micro-batches itself; set 1 and raise "
+                                     "strategy.microbatches")
+        unsupported = {"local_sgd_period": "local SGD", "shard_optimizer": "ZeRO", "hierarchical": "hierarchical "
+                       "all-reduce", "comm_groups": "several communicators"}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for key, what in unsupported.items():
+            if getattr(self, key) != defaults[key]:
+                self._fail(key, f"{what} is not supported with pipelining (strategy.pipeline_stages = "
+                                f"{self.pipeline_stages}); leave it at its default")
+        if self.compression == "powersgd":
+            self._fail("compression", "powersgd is not supported with pipelining; use none, fp16 or bf16")
+        if self.bucket_mb == "auto":
+            self._fail("bucket_mb", "auto is not supported with pipelining; give a size in MB")
+        if self.amp == "fp16":
+            self._fail("amp", "fp16's loss scaler sees the loss on the last stage only; use bf16 with pipelining")
 
 
 @dataclass
@@ -411,6 +461,19 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     ablate: AblateConfig = field(default_factory=AblateConfig)
     ps: PsConfig = field(default_factory=PsConfig)
+
+    def __post_init__(self) -> None:
+        """Checks across sections (a pipeline's micro-batches against the batch, experiments it cannot run)."""
+        s = self.strategy
+        if s.pipeline_stages <= 1:
+            return
+        if self.data.batch_size % s.microbatches:
+            raise ConfigError("strategy.microbatches", s.microbatches, f"must divide data.batch_size = "
+                              f"{self.data.batch_size} (each process's batch is cut into equal micro-batches)")
+        a = self.ablate
+        if a.comm or a.phases or a.compute != "none":
+            raise ConfigError("strategy.pipeline_stages", s.pipeline_stages, "the ablate.comm, ablate.phases and "
+                              "ablate.compute experiments do not run on pipelines; leave them off")
 
 
 # ----------------------------------------------------------------------------------------- parsing

@@ -16,11 +16,13 @@ def print_env_table(rows: list[dict], *, world: str, nodes: str, master: str, ba
     console.print(f"[bold]Distributed environment[/]  world size {world} | nodes {nodes} | master {master} | "
                   f"backend {backend}", highlight=False)
     table = Table()
-    for col in ("rank", "local_rank", "node", "device", "threads"):
+    # stage and replica: a pipeline's layout (rank r runs stage r % S of replica r // S)
+    cols = ("rank", "local_rank", "node", "device", "threads", *(k for k in ("stage", "replica") if rows and k in rows[0]))
+    for col in cols:
         table.add_column(col.replace("_", " "), justify="right")
     extra = [k for k in ("host", "pid") if rows and k in rows[0]]
     for col in extra:
         table.add_column(col)
     for r in rows:
-        table.add_row(*(str(r[c]) for c in ("rank", "local_rank", "node", "device", "threads", *extra)))
+        table.add_row(*(str(r[c]) for c in (*cols, *extra)))
     console.print(table)

@@ -256,6 +256,8 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--phase-steps", args.phase_steps, "must be >= 2 (the first step of a block is not timed)")
     cfg = check_train_args(rest)
     n, R = args.nproc, args.repeat
+    if cfg.strategy.pipeline_stages > 1:
+        return _pipeline_doctor(args, rest, script, cfg)
     budget = args.budget or (150.0 if args.quick else 600.0)
     # Like for like: 1 and N processes get the same intra-op threads each (the N-process default), unless the
     # user chose; thread counts are compared only in their own experiment.
@@ -351,6 +353,41 @@ def main(argv: list[str]) -> int:
         if doc.get("apply"):
             console.print(f"applied: {doc['apply']['text']}", highlight=False)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
+    return _exit_code(doc)
+
+
+def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str] | None, cfg: Any) -> int:
+    """A pipelined job against itself with more micro-batches and with the measured split, runs alternating."""
+    from .pipeline_analysis import pipeline_causes, pipeline_experiments
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    experiments = pipeline_experiments(cfg)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    doc: dict[str, Any] = {"kind": "pipeline", "causes": [], "runs": [], "error": None,
+                           "machine": machine_description(),
+                           "config": {"nproc": args.nproc, "repeat": args.repeat, "train_args": rest}}
+    with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        lab = _Lab(out, rest, args.timeout, bar, bar.add_task("", total=args.repeat * len(experiments)), script)
+        try:
+            for r in range(args.repeat):  # alternating, so that a drift of the machine hits every variant alike
+                for name, extra in experiments.items():
+                    runs.setdefault(name, []).append(lab.run(name, args.nproc, extra, r))
+            doc["causes"] = pipeline_causes(runs, cfg)
+        except RunFailed as e:
+            doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
+        doc["runs"] = lab.log
+    write_json(out / "doctor.json", doc)
+    for i, c in enumerate(doc["causes"], 1):
+        console.print(f"{i}. [bold]{c['name']}[/bold] ({c['verdict']}, {c['seconds_per_step'] * 1e3:.1f} ms/step, "
+                      f"{c['share']:.0%} of the step): {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
+    console.print(f"wrote {out / 'doctor.json'}")
+    return _exit_code(doc)
+
+
+def _exit_code(doc: dict[str, Any]) -> int:
+    """1, with the failed run's message and command, when an experiment failed; else 0."""
     if doc["error"]:
         err_console.print(f"trainscale doctor: {doc['error']['message']}\n  command: {doc['error']['command']}",
                           markup=False, highlight=False)

@@ -102,8 +102,27 @@ class ResNet(nn.Module):
         self.head = nn.Linear(c, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stages(self.stem(x))
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return _pool_classify(self.head, self.stages(self.stem(x)))
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
+        """Where a pipeline may cut, in forward order: the stem, every block, the pooled classifier."""
+        blocks = [(f"stages.{i}.{j}", b) for i, stage in enumerate(self.stages) for j, b in enumerate(stage)]
+        return [("stem", self.stem), *blocks, ("head", _PooledHead(self))]
+
+
+class _PooledHead(nn.Module):
+    """Global pool, flatten and the classifier as one module (the head's parameters stay the model's own)."""
+
+    def __init__(self, net: ResNet):
+        super().__init__()
+        self.head = net.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _pool_classify(self.head, x)
+
+
+def _pool_classify(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
 def _variant(name: str, block: type, layers: list[int], **block_kw: object) -> None:

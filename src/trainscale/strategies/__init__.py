@@ -8,6 +8,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import StrategyConfig
 from ..distributed import DistEnv
@@ -18,11 +19,12 @@ from .comm import CommMeter, ring_bytes
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .hooks import CommHooks
 from .local_sgd import ModelAveraging, apply_local_sgd
+from .pipeline import Pipeline
 from .zero import apply_zero, optimizer_state_bytes, optimizer_state_dict
 
 __all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
            "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter", "ring_bytes",
-           "apply_zero", "optimizer_state_bytes", "optimizer_state_dict"]
+           "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline"]
 
 
 class Strategy:
@@ -38,6 +40,8 @@ class Strategy:
         strategy.after_optimizer_step()             # local SGD's model averaging
         strategy.end_step()                         # counters; bucket autotune may re-wrap the model
         strategy.finish(); strategy.report(opt, skip=3)
+
+    Pipelined (``strategy.pipeline_stages`` > 1), ``pipeline_step`` replaces forward and backward.
     """
 
     def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], ContextManager],
@@ -49,6 +53,8 @@ class Strategy:
         self.averaging: ModelAveraging | None = None
         self.tuner: BucketTuner | None = None
         self.hook_state: Any = None
+        self.pipe: Pipeline | None = None
+        self.group: Any = None  # the process group gradients are averaged over (None: the world)
         self.steps = 0
         self._calls = 0  # all-reduce calls of the last step made by sync_gradients
 
@@ -58,6 +64,8 @@ class Strategy:
 
         ``comm`` False (the no-communication experiment) also stops DDP's buffer broadcast in forward.
         """
+        if self.pipe is not None:  # the schedule turns DDP's sync on for the last micro-batch itself
+            return
         self.model.require_backward_grad_sync = sync and self.overlap
         self.model.require_forward_param_sync = comm
 
@@ -74,9 +82,30 @@ class Strategy:
         if not self.post_backward:
             return 0
         t0 = time.perf_counter()
-        self._calls = allreduce_after_backward(self.post_backward, self.world)
+        self._calls = allreduce_after_backward(self.post_backward, self.world, self.group)
         self.meter.exposed(time.perf_counter() - t0)
         return self._calls
+
+    def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor],
+                      optimizer: torch.optim.Optimizer | None) -> torch.Tensor | None:
+        """Pipelined forward and backward of the batch's micro-batches; the mean loss on the last stage, else None."""
+        assert self.pipe is not None
+        first = self.pipe.schedule is None
+        loss = self.pipe.step(x, y, loss_fn, optimizer)
+        if first:  # the stages exist now: what DDP synchronises on this rank
+            own = self.pipe.own_parameters()
+            self.model = self.pipe.stage_modules[0]
+            if not self.overlap and self.pipe.replicas > 1:
+                self.post_backward = grad_buckets(own, float(self.pipe.cfg.bucket_mb))
+            wire = 0.5 if self.pipe.cfg.compression in ("fp16", "bf16") else 1.0
+            self.meter.fixed_bytes = ring_bytes("all_reduce", wire * sum(q.numel() * q.element_size() for q in own),
+                                                self.world)
+        return loss
+
+    def gather_model(self) -> None:
+        """Pipelined: every rank's ``module`` gets every stage's current weights (collective); else nothing."""
+        if self.pipe is not None:
+            self.pipe.gather_model()
 
     def after_optimizer_step(self) -> None:
         """After ``optimizer.step()`` and before ``zero_grad``: local SGD averages parameters every H steps."""
@@ -91,13 +120,16 @@ class Strategy:
             self.tuner.after_step()
 
     def finish(self) -> None:
-        """After the last step: local SGD's replicas are averaged into one model (collective)."""
+        """After the last step: local SGD's replicas averaged, a pipeline's stages gathered, into one model (collective)."""
         if self.averaging is not None:
             self.averaging.finish()
+        self.gather_model()
 
     def calls_per_step(self) -> int:
         """All-reduce calls per step: the buckets exchanged after backward, or DDP's own buckets."""
-        return len(self.post_backward) if self.post_backward else bucket_count(self.model)
+        if self.post_backward:
+            return len(self.post_backward)
+        return bucket_count(self.model) if isinstance(self.model, DDP) else 0
 
     # ---- state that must survive a restart
     def state_dict(self) -> dict[str, Any]:
@@ -117,16 +149,22 @@ class Strategy:
                ) -> dict[str, Any]:
         """The strategy's part of the run summary (collective: call on every rank)."""
         from .report import strategy_summary
-        return strategy_summary(self, opt, skip, ablated, self.calls_per_step() if calls is None else calls)
+        out = strategy_summary(self, opt, skip, ablated, self.calls_per_step() if calls is None else calls)
+        if self.pipe is not None and self.pipe.schedule is not None:
+            out["pipeline"] = self.pipe.report(skip)
+        return out
 
 
 
 
-def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Strategy:
-    """The one place strategies are composed: device, DDP (fusion, overlap, comm hooks), local SGD, precision."""
+def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: list[str] | None = None) -> Strategy:
+    """The one place strategies are composed: device, DDP (fusion, overlap, comm hooks), local SGD, precision,
+    or pipeline stages with DDP inside each stage's replicas (``layers``: the model's layer names for a pipeline)."""
     check_strategy(cfg, env.world_size, env.local_world_size)
     model = model.to(env.device)
     autocast, scaler = apply_amp(cfg.amp, env.device)
+    if cfg.pipeline_stages > 1:
+        return apply_pipeline(model, env, cfg, autocast, scaler, layers)
     params = [p for p in model.parameters() if p.requires_grad]
     meter = CommMeter()
     if env.device.type == "cpu":  # exposed-communication timing is host time: meaningful on CPU only
@@ -158,4 +196,14 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig) -> Strat
 
     if cfg.bucket_mb == "auto":
         p.tuner = BucketTuner(candidates, cfg.autotune_steps, rewrap, env.device)
+    return p
+
+
+def apply_pipeline(model: nn.Module, env: DistEnv, cfg: StrategyConfig, autocast: Callable[[], ContextManager],
+                   scaler: torch.amp.GradScaler, layers: list[str] | None) -> Strategy:
+    """Pipeline (x data) parallelism: the stages are cut at the first step; DDP averages over the replica group."""
+    pipe = Pipeline(model, env, cfg, autocast, layers)
+    p = Strategy(model, model, autocast, scaler, CommMeter(), pipe.replicas, cfg.overlap)
+    p.pipe, p.group = pipe, pipe.dp_group
+    p.amp = cfg.amp != "none"
     return p

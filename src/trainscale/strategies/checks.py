@@ -46,6 +46,9 @@ def check_strategy(cfg: StrategyConfig, world: int | None = None, local_world: i
                               "local SGD turns the gradient all-reduce off, so there is nothing to tune; give MB")
     if world is None:
         return
+    if world % s.pipeline_stages:
+        raise ConfigError("strategy.pipeline_stages", s.pipeline_stages,
+                          f"must divide the world size {world} (the world is replicas x stages)")
     if s.local_size and world % s.local_size:
         raise ConfigError("strategy.local_size", s.local_size,
                           f"must divide the world size {world} (nodes of equal size)")

@@ -115,10 +115,36 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     resolve_backend(cfg.job.backend, device, world)
     check_amp(cfg.strategy.amp, device)
     check_strategy(cfg.strategy, world, world)
+    if cfg.strategy.pipeline_stages > 1:
+        _check_pipeline_layers(cfg)
     if args.resume and args.resume != "auto":
         _check_resume(Path(args.resume))
     if args.json and Path(args.json).is_dir():
         raise ConfigError("--json", args.json, "is a folder; give a file path for the summary")
+
+
+def _check_pipeline_layers(cfg: Config) -> None:
+    """More stages than layers, or split names the model does not have: refused before any process starts."""
+    from ..models import build_model
+    from ..strategies.layers import pipeline_layers
+    from ..strategies.split import named_split
+
+    s, d = cfg.strategy, cfg.data
+    try:  # the layer count does not depend on the input shape; a builder that needs the real one is checked later
+        model = build_model(cfg.model.name, (d.channels, d.image_size, d.image_size), d.num_classes,
+                            cfg.model.width, cfg.model.depth)
+        names = [layer.name for layer in pipeline_layers(model)]
+    except Exception:
+        return
+    chunks = s.pipeline_stages * s.stages_per_rank
+    if len(names) < chunks:
+        raise ConfigError("strategy.pipeline_stages", s.pipeline_stages, f"more stages ({chunks} model chunks) than "
+                          f"{cfg.model.name}'s {len(names)} layers ({', '.join(names)})")
+    if s.split not in ("auto", "uniform", "params"):
+        try:
+            named_split(names, [n.strip() for n in s.split.split(",")], chunks)
+        except ValueError as e:
+            raise ConfigError("strategy.split", s.split, str(e)) from None
 
 
 def _check_resume(path: Path) -> None:

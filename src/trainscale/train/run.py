@@ -113,6 +113,7 @@ class Run:
         self._ended = self._finished = False
         self._warned_nan = False
         self.summary: dict[str, Any] | None = None
+        self.model: PreparedModel | None = None
         self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
         self.metrics: MetricsLog | None = None  # opened at the first log point (after a resume's load)
         atexit.register(self._at_exit)  # a script that never calls finish() still leaves the group cleanly
@@ -127,17 +128,20 @@ class Run:
         return self.env.is_main
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, data: Any = None,
-                data_info: DataInfo | None = None) -> tuple[nn.Module, torch.optim.Optimizer | None, Any]:
+                data_info: DataInfo | None = None, layers: list[str] | None = None
+                ) -> tuple[nn.Module, torch.optim.Optimizer | None, Any]:
         """Move ``model`` to the device and wrap it with the configured strategy; shard and prefetch ``data``.
 
         ``optimizer`` must be built on ``model``'s parameters (they stay the same objects); under
         ``strategy.shard_optimizer`` it comes back as a ZeroRedundancyOptimizer. ``data`` is a Dataset or
         a DataLoader (its batch size, workers and collate_fn are kept; its sampler is replaced by one
         that shards the data across ranks). ``data_info``: built-in image data, normalised on the device.
+        ``layers``: for a pipeline, the names of the submodules whose sequential composition is the model's
+        forward (not needed for an ``nn.Sequential`` or the registry's models).
         """
         if self.strategy is not None:
             raise RunError("run.prepare() was already called: one model per run")
-        self.strategy = apply_strategy(model, self.env, self.cfg.strategy)
+        self.strategy = apply_strategy(model, self.env, self.cfg.strategy, layers)
         if optimizer is not None and self.cfg.strategy.shard_optimizer:
             optimizer = apply_zero(optimizer)
         self.optimizer = optimizer
@@ -147,8 +151,12 @@ class Run:
         if self.is_main:
             self._live_metrics()  # the tracker's import and set-up, before the first timed step
         rows = gather_env_rows(self.env)
+        pipe = self.strategy.pipe
+        if pipe is not None:
+            for r in rows:
+                r["stage"], r["replica"] = r["rank"] % pipe.stages, r["rank"] // pipe.stages
         self.guard.start()  # every rank has published its first beat before that collective
-        if self.is_main and not os.environ.get("TRAINSCALE_TABLE_PRINTED"):
+        if self.is_main and (pipe is not None or not os.environ.get("TRAINSCALE_TABLE_PRINTED")):
             print_env_table(rows, world=str(self.env.world_size), nodes=str(self.env.nnodes), master=self.env.master,
                             backend=self.env.backend)
         # Each rank its own stream of randomness from here (dropout, augmentation), reproducible from the seed.
@@ -156,7 +164,8 @@ class Run:
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
-        return PreparedModel(self.strategy), optimizer, loader
+        self.model = PreparedModel(self.strategy)
+        return self.model, optimizer, loader
 
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
         """trainscale's loader over ``data`` (Dataset or DataLoader): this rank's shard, prefetched to the device."""
@@ -164,7 +173,7 @@ class Run:
             if data not in self.loaders:  # a ready loader (ours, or one with the same interface): used as it is
                 self.loaders.append(data)
                 bs = getattr(data, "batch_size", None) or self.cfg.data.batch_size
-                self.global_batch = bs * self.env.world_size * self.accum
+                self.global_batch = bs * self._shard()[1] * self.accum
             return data
         d = self.cfg.data
         kw: dict[str, Any] = {"batch_size": d.batch_size, "workers": d.workers, "collate": None, "shuffle": d.shuffle}
@@ -178,15 +187,19 @@ class Run:
         data = with_sample_delay(data, d.sample_delay_ms, d.sample_delay_scope)  # the slow-disk experiment
         if info is not None:  # built-in image data: the configured loader (DALI too), normalised on the device
             dcfg = apply_overrides(self.cfg, {"data.batch_size": kw["batch_size"]}).data
-            loader = build_train_loader(dcfg, data, info, self.device, self.env.rank, self.env.world_size,
-                                        self.cfg.job.seed, self.is_main)
+            loader = build_train_loader(dcfg, data, info, self.device, *self._shard(), self.cfg.job.seed, self.is_main)
         else:
-            loader = TrainLoader(data, None, self.device, kw["batch_size"], self.env.rank, self.env.world_size,
+            loader = TrainLoader(data, None, self.device, kw["batch_size"], *self._shard(),
                                  kw["workers"], kw["shuffle"], self.cfg.job.seed, prefetch=d.prefetch,
                                  on_error=d.on_error, collate=kw["collate"])
-        self.global_batch = loader.batch_size * self.env.world_size * self.accum
+        self.global_batch = loader.batch_size * self._shard()[1] * self.accum
         self.loaders.append(loader)
         return loader
+
+    def _shard(self) -> tuple[int, int]:
+        """(which shard, of how many) of the training data this rank reads: a pipeline's stages share one."""
+        pipe = self.strategy.pipe if self.strategy is not None else None
+        return (pipe.replica, pipe.replicas) if pipe is not None else (self.env.rank, self.env.world_size)
 
     # ------------------------------------------------------------------ the loop
     def batches(self, loader: Any, steps: int | None = None) -> Iterator[Any]:
@@ -225,6 +238,27 @@ class Run:
             yield batch
             if self.step_count * self.accum + self._micro == before:
                 raise RunError("call run.step() once for every batch that run.batches() yields")
+
+    def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
+        """``run.backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule.
+
+        Returns the loss (pipelined: on the last stage; None on the others). The one call that works for
+        DDP and pipelines alike::
+
+            for x, y in run.batches(loader):
+                run.forward_backward(x, y, loss_fn)
+                run.step()
+        """
+        st, ins = self._need_prepared("forward_backward")
+        if st.pipe is None:
+            loss = loss_fn(self.model(x), y)
+            self.backward(loss)
+            return loss
+        loss = st.pipeline_step(x, y, loss_fn, self.optimizer)
+        ins.clock.add(st.pipe.busy_s[-1])  # the stages time their own compute
+        d = loss.float().reshape(()) if loss is not None else torch.zeros((), device=self.device)
+        self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
+        return loss
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the loss scaler (fp16), accumulation and the instruments."""
@@ -276,6 +310,8 @@ class Run:
         self._window_n += 1
         if self.step_count % self.cfg.log.every and self.step_count != self.total_steps:
             return
+        if self.strategy is not None and self.strategy.pipe is not None:
+            self.strategy.pipe.share_loss(self._window)  # the loss lives on the last stage
         # The only host sync of the loop: metrics leave the device every log.every steps.
         mean = (self._window / self._window_n).item()
         if not math.isfinite(mean) and not self._warned_nan:
@@ -319,6 +355,7 @@ class Run:
         from ..data.sampler import eval_indices
         from .evaluate import evaluate_batches
         st = self._need_prepared("evaluate")[0]
+        st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
         if isinstance(data, DataLoader):
             batch_size, collate, data = batch_size or data.batch_size, data.collate_fn, data.dataset
         else:
@@ -343,13 +380,15 @@ class Run:
         path = Path(path)
         self.wait_for_checkpoint()
         self.guard.mark("checkpoint", self.step_count, f"writing {path.name}")
+        st.gather_model()  # one whole-model state dict, whatever the stage count
         meta = {"scaler": st.scaler.state_dict(), "strategy": st.state_dict(), "step": self.step_count,
                 "loader": self.loaders[0].state_dict() if self.loaders else None,
                 "world_size": self.env.world_size, "config": config_to_dict(self.cfg), **(extra or {})}
         if path.suffix == ".pt":
             opt = self.optimizer
-            state = {"model": st.module.state_dict(),
-                     "optimizer": optimizer_state_dict(opt, self.env.rank) if opt else {}, **meta}
+            optim = (st.pipe.optimizer_state_dict(opt) if st.pipe is not None else
+                     optimizer_state_dict(opt, self.env.rank)) if opt else {}
+            state = {"model": st.module.state_dict(), "optimizer": optim, **meta}
             save_checkpoint(path, state, self.env.rank, self.env.world_size,
                             during=lambda: self.guard.in_checkpoint(self.step_count))
         else:
@@ -549,6 +588,8 @@ class Run:
         nan = torch.full((), float("nan"), device=env.device)
         losses = torch.stack([self.loss_first if self.loss_first is not None else nan,
                               self.loss_last if self.loss_last is not None else nan]).float()
+        if st.pipe is not None:
+            st.pipe.share_loss(losses)  # every stage of a replica reports its last stage's loss
         dist.all_reduce(losses)  # the loss over the global batch, not rank 0's share
         losses /= env.world_size
         med, spread = median_spread(ins.step_times)
@@ -576,7 +617,7 @@ class Run:
             "global_batch": self.global_batch, "steps": self.step_count, "measured_steps": len(ins.step_times),
             "samples_per_s": len(ins.step_times) * self.global_batch / total_t if total_t else float("nan"),
             "step_time_s": med, "step_time_spread": spread,
-            "data_wait_frac": wait_frac, "data_samples_per_s": rate.item() * env.world_size,
+            "data_wait_frac": wait_frac, "data_samples_per_s": rate.item() * self._shard()[1],
             "data_skipped": int(skipped.item()),
             "loss_first": losses[0].item(), "loss_last": losses[1].item(),
             "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
@@ -634,7 +675,11 @@ class PreparedModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         st = self._strategy
-        net = st.model if self.training and torch.is_grad_enabled() else st.module
+        training = self.training and torch.is_grad_enabled()
+        if training and st.pipe is not None:
+            raise RunError("a pipelined model trains through run.forward_backward(x, y, loss_fn), which runs the "
+                           "schedule's micro-batches; call it instead of model(x) and run.backward")
+        net = st.model if training else st.module
         with st.autocast():
             out = net(*args, **kwargs)
         return _to_float(out) if st.amp else out

@@ -120,4 +120,13 @@ def print_summary(summary: dict[str, Any]) -> None:
                 "overlap", "amp", "wall_s"):
         if key in summary:
             table.add_row(key, _fmt(key, summary[key]))
+    pipe = summary.get("pipeline")
+    if pipe:
+        table.add_row("pipeline", f"{pipe['stages']} stages x {pipe['replicas']} replicas, {pipe['schedule']}, "
+                                  f"{pipe['microbatches']} micro-batches")
+        table.add_row("stage boundaries", ", ".join(pipe["boundaries"]))
+        table.add_row("stage time", " | ".join(human(t, "s") for t in pipe["stage_time_s"]))
+        table.add_row("stage imbalance", f"{human(pipe['imbalance'])} (slowest / mean)")
+        table.add_row("bubble measured / theory", f"{human(pipe['bubble_measured'], '%')} / "
+                                                  f"{human(pipe['bubble_theory'], '%')}")
     Console(file=sys.stdout).print(table)

@@ -53,6 +53,9 @@ def prepare(model: nn.Module, cfg: Config | None = None) -> tuple[nn.Module, Dis
         if getattr(run.cfg.strategy, key):
             raise ConfigError(f"strategy.{key}", getattr(run.cfg.strategy, key), "needs trainscale.init(); "
                               "not in prepare()")
+    if run.cfg.strategy.pipeline_stages > 1:
+        raise ConfigError("strategy.pipeline_stages", run.cfg.strategy.pipeline_stages, "needs trainscale.init() "
+                          "and run.forward_backward(); not in prepare()")
     model, _, _ = run.prepare(model)
     return model, run.env
 
@@ -98,7 +101,7 @@ class Trainer:
         for x, y in run.batches(loader, steps=cfg.job.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(run.step_count, cfg.optim, run.global_batch, cfg.job.steps)
-            run.backward(loss_fn(model(x), y))
+            run.forward_backward(x, y, loss_fn)  # pipelined: every micro-batch through the stages
             if not run.step():
                 continue
             if cfg.job.eval_every and run.step_count % cfg.job.eval_every == 0 and run.step_count < run.total_steps:
@@ -133,6 +136,7 @@ class Trainer:
         if cfg.job.loss != "cross_entropy":  # any loss: the generic exact evaluation
             return tuple(run.evaluate(self.eval_data, resolve_loss(cfg.job.loss)).values())  # type: ignore[return-value]
         st = run.strategy
+        st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
         run.guard.mark("evaluate", run.step_count)
         batches = eval_batches(self.eval_data, self.info, run.device, cfg.data.batch_size, run.env.rank,
                                run.env.world_size)

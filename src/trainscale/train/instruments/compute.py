@@ -91,6 +91,10 @@ class ComputeClock:
         else:
             self.spent += dt
 
+    def add(self, seconds: float) -> None:
+        """Compute timed by its owner (a pipeline's stages time their own chunks, host time)."""
+        self.spent += seconds
+
     def end_step(self, keep: bool) -> None:
         """Close the step; ``keep`` says whether it is a measured one."""
         if self.cuda:
