@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure"]
+__all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure", "save", "numeric_columns"]
 
 # ("h2", text) | ("p", text) | ("table", headers, rows) | ("img", filename, caption) | ("pre", text)
 Block = tuple
@@ -31,13 +32,29 @@ def save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")  # a legend placed outside the axes is kept, not cut off
     plt.close(fig)
     return path
 
 
+# A cell that reads as a number (or a list or range of numbers): "+3.2", "1,234", "42%", "1.02x", "+1.0 .. +2.5", "-".
+_NUMBER = re.compile(r"^[-+]?[\d,.]+(e[-+]?\d+)?\s*(%|x|ms|s)?$|^-$")
+
+
+def numeric_columns(rows: Sequence[Sequence[Any]]) -> list[bool]:
+    """Per column: True when every cell is a number (right-aligned); text columns are left-aligned."""
+    width = max((len(r) for r in rows), default=0)
+
+    def number(c: Any) -> bool:
+        parts = [x for x in re.split(r"\s*(?:\.\.|,\s)\s*", str(c).strip()) if x]
+        return bool(parts) and all(_NUMBER.match(x) for x in parts)
+    return [bool(rows) and all(number(r[i]) for r in rows if i < len(r)) for i in range(width)]
+
+
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    right = numeric_columns(rows) + [False] * len(headers)
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("--:" if right[i] else ":--" for i in range(len(headers)))
+           + "|"]
     out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -71,8 +88,11 @@ def render_html(title: str, blocks: list[Block], folder: Path) -> str:
         elif kind == "p":
             body.append(f"<p>{esc(b[1])}</p>")
         elif kind == "table":
-            head = "".join(f"<th>{esc(str(h))}</th>" for h in b[1])
-            rows = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
+            right = numeric_columns(b[2]) + [False] * len(b[1])
+            cls = lambda i: ' class="num"' if right[i] else ""  # noqa: E731
+            head = "".join(f"<th{cls(i)}>{esc(str(h))}</th>" for i, h in enumerate(b[1]))
+            rows = "".join("<tr>" + "".join(f"<td{cls(i)}>{esc(str(c))}</td>" for i, c in enumerate(r)) + "</tr>"
+                           for r in b[2])
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
         elif kind == "img":
             data = base64.b64encode((folder / b[1]).read_bytes()).decode()
@@ -82,7 +102,7 @@ def render_html(title: str, blocks: list[Block], folder: Path) -> str:
             body.append(f"<pre>{esc(b[1])}</pre>")
     style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-             "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+             "text-align:left;vertical-align:top}th{background:#f3f3f3}.num{text-align:right;white-space:nowrap}"
              "img{max-width:100%}figcaption{color:#555;font-size:.9em}pre{background:#f6f6f6;padding:.8em;"
              "overflow-x:auto}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
