@@ -23,7 +23,7 @@ from rich.table import Table
 from ..config import ConfigError, config_to_dict
 from .common import check_train_args, console, err_console, machine_description, parse_nproc_list, write_json
 from .ranks import plot_ranks
-from .report import figure, save, write_reports
+from .report import figure, legend_below, save, write_reports
 from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
 from .verdict import bench_verdict
@@ -145,8 +145,8 @@ def _plots(points: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path) 
     comp = [min(p["compute_s"], p["step_time_s"]) * 1e3 if p["compute_s"] == p["compute_s"] else 0 for p in points]
     rest = [max(0.0, p["step_time_s"] * 1e3 - d - c) for p, d, c in zip(points, data, comp)]
     x = [str(w) for w in ws]
-    ax.bar(x, data, label="data wait (measured)")
-    ax.bar(x, comp, bottom=data, label="forward+backward, slowest rank (measured)")
+    ax.bar(x, data, color="C1", label="data wait (measured)")
+    ax.bar(x, comp, bottom=data, color="C0", label="forward+backward, slowest rank (measured)")
     # Only data wait and compute are measured apart; the rest is what is left of the step, named by what it can
     # hold: with one process there is no communication, so its rest is not called that.
     ones = [r if p["world_size"] == 1 else 0.0 for p, r in zip(points, rest)]
@@ -161,7 +161,7 @@ def _plots(points: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path) 
                                             for p in points]), fmt="none", color="k", capsize=4,
                 label="step time: range over repeats")
     ax.set(xlabel="processes", ylabel="ms per step (medians)", title="Step-time breakdown")
-    ax.legend(fontsize=7)
+    legend_below(fig, ax, ncol=1)
     save(fig, out / PLOTS[2])
     top, one = points[-1]["world_size"], points[0]["world_size"]
     if top > 1:

@@ -198,7 +198,7 @@ def _change(doc: dict[str, Any], top: dict[str, Any]) -> str:
             skip = False
             continue
         name = a.split("=", 1)[0]
-        if name in top["apply_flags"] or name.lstrip("-") in top["apply_flags"]:
+        if name.lstrip("-") in top["apply_flags"]:
             skip = "=" not in a and i + 1 < len(args)
             continue
         keep.append(a)

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report import figure, save
+from .report import figure, legend_below, save
 from .stats import median
 
 __all__ = ["rank_segments", "plot_ranks", "SEGMENTS"]
@@ -58,8 +58,6 @@ def plot_ranks(at_n: list[dict[str, Any]], at_1: list[dict[str, Any]] | None, n:
                title: str) -> Path:
     """Horizontal stacked bars, one per rank at ``n`` processes (and one for the 1-process run), error bars
     on each step time (its range over the repeats)."""
-    from matplotlib.transforms import offset_copy
-
     rows = [("1 process", r) for r in (rank_segments(at_1)[:1] if at_1 else [])]
     rows += [(f"rank {r['rank']} of {n}", r) for r in rank_segments(at_n)]
     rows = rows[::-1]  # matplotlib draws the first bar at the bottom
@@ -84,7 +82,5 @@ def plot_ranks(at_n: list[dict[str, Any]], at_1: list[dict[str, Any]] | None, n:
     ax.errorbar(mids, labels, xerr=[lo, hi], fmt="|", color="k", capsize=3,
                 label="step time: median, range over repeats")
     ax.set(xlabel="ms per step (medians)", title=title)
-    # Below the axes and their label, whatever the figure's height (the PNG is cropped to fit it).
-    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, 0),
-              bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-34, units="points"))
+    legend_below(fig, ax)
     return save(fig, path)

@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure", "save", "numeric_columns"]
+__all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure", "save", "legend_below",
+           "numeric_columns"]
 
 # ("h2", text) | ("p", text) | ("table", headers, rows) | ("img", filename, caption) | ("pre", text)
 Block = tuple
@@ -25,6 +26,14 @@ def figure(width: float = 6.0, height: float = 3.6) -> tuple[Any, Any]:
     fig, ax = plt.subplots(figsize=(width, height), dpi=110)
     ax.grid(alpha=0.3)
     return fig, ax
+
+
+def legend_below(fig: Any, ax: Any, ncol: int = 2) -> None:
+    """The legend under the axes and their label, where it hides no bar (``save`` keeps it in the PNG)."""
+    from matplotlib.transforms import offset_copy
+
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, 0),
+              bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-34, units="points"))
 
 
 def save(fig: Any, path: Path) -> Path:
@@ -96,15 +105,20 @@ def render_html(title: str, blocks: list[Block], folder: Path) -> str:
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
         elif kind == "img":
             data = base64.b64encode((folder / b[1]).read_bytes()).decode()
-            body.append(f'<figure><img alt="{esc(b[2])}" src="data:image/png;base64,{data}">'
+            # An id per figure (the file's stem), so that report.html#ranks links to, or opens at, one plot.
+            body.append(f'<figure id="{esc(Path(b[1]).stem)}">'
+                        f'<img alt="{esc(b[2])}" src="data:image/png;base64,{data}">'
                         f"<figcaption>{esc(b[2])}</figcaption></figure>")
         elif kind == "pre":
             body.append(f"<pre>{esc(b[1])}</pre>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-             "text-align:left;vertical-align:top}th{background:#f3f3f3}.num{text-align:right;white-space:nowrap}"
+    # The first paragraph is the verdict: it stands out. Commands wrap instead of hiding behind a scroll bar.
+    style = ("body{font-family:system-ui,sans-serif;max-width:80em;margin:2em auto;padding:0 1em;color:#222}"
+             "h1+p{font-weight:600;font-size:1.1em}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:.92em}td,th{border:1px solid #ccc;"
+             "padding:.3em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}"
+             ".num{text-align:right;white-space:nowrap}"
              "img{max-width:100%}figcaption{color:#555;font-size:.9em}pre{background:#f6f6f6;padding:.8em;"
-             "overflow-x:auto}")
+             "white-space:pre-wrap;overflow-wrap:anywhere}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
