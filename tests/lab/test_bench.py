@@ -20,7 +20,7 @@ def test_bench_default_job_writes_report_and_consistent_efficiency(tmp_path):
                  "--job.threads", "1"], timeout=280)
     assert r.rc == 0, r.text
     for name in ("bench.json", "report.md", "report.html", "throughput.png", "efficiency.png", "breakdown.png",
-                 "ranks.png"):
+                 "ranks.png", "timeline.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     # Each run's live metrics in a folder of its own (its job.out), none shared.
     assert not (out / "runs" / "metrics.jsonl").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainscale.lab.bench import complete_points
 from trainscale.lab.verdict import adopt_verdict, bench_verdict
 
@@ -48,7 +50,7 @@ def _phased(step_s, noise, repeats=3, cycles=6, seed=0):
         rows = [[[c, step_s * (1 + noise * (2 * rng.random() - 1)), 0.5 * step_s, 0.0] for c in range(cycles)
                  for _ in range(4)] for _ in range(2)]
         med = [statistics.median(r[1] for r in rank) for rank in rows]
-        parts.append({"global_batch": 64, "step_time_s": med[0], "rank_step_time_s": med,
+        parts.append({"global_batch": 64, "step_time_s": med[0], "rank_step_time_s": med, "samples_per_s": 0.0,
                       "rank_compute_s": [0.5 * step_s] * 2, "rank_steps": rows})
     return parts
 
@@ -66,6 +68,19 @@ def test_apply_adopts_a_gain_above_the_noise_only():
     # The same 1% gain with quiet steps is above the noise.
     quiet = adopt_verdict(_phased(0.010, 0.002), _phased(0.0099, 0.002, seed=1))
     assert quiet["decision"] == "adopt"
+
+
+def test_apply_judges_throughput_over_every_step_not_the_median_step():
+    """Local SGD's shape: 3 fast steps and 1 slow one in 4. The median step halves, the throughput does not."""
+    before = _phased(0.010, 0.0)
+    after = _phased(0.005, 0.0)
+    for part in after:
+        for rank in part["rank_steps"]:
+            for i, row in enumerate(rank):
+                row[1] = 0.005 if i % 4 else 0.040  # the exchange, once every 4 steps
+    v = adopt_verdict(before, after)
+    assert v["gain"] == pytest.approx(4 * 0.010 / (3 * 0.005 + 0.040) - 1)  # -27%, though the median step halved
+    assert v["decision"] == "do not adopt" and "slower" in v["line"]
 
 
 def test_report_tables_align_text_left_and_numbers_right(tmp_path):

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
 from .common import check_train_args, console, err_console, machine_description, parse_nproc_list, write_json
-from .ranks import plot_ranks
+from .ranks import plot_ranks, plot_timeline
 from .report import figure, legend_below, save, write_reports
 from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
@@ -30,7 +30,7 @@ from .verdict import bench_verdict
 
 __all__ = ["main", "make_point", "complete_points", "PLOTS"]
 
-PLOTS = ("throughput.png", "efficiency.png", "breakdown.png", "ranks.png")
+PLOTS = ("throughput.png", "efficiency.png", "breakdown.png", "ranks.png", "timeline.png")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,6 +168,9 @@ def _plots(points: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path) 
         at = lambda w: [r for r in runs if r["world_size"] == w]  # noqa: E731
         plot_ranks(at(top), at(one) if one == 1 else None, top, out / PLOTS[3],
                    f"Per rank: where the step goes at {top} processes")
+        trace = next((r["timeline"] for r in at(top) if r.get("timeline") and Path(r["timeline"]).is_file()), None)
+        if trace:
+            plot_timeline(Path(trace), out / PLOTS[4])
     return [p for p in PLOTS if (out / p).is_file()]
 
 
@@ -207,6 +210,9 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
         if (out / PLOTS[3]).is_file():
             blocks.append(("img", PLOTS[3], "Each rank's step at the largest size beside the 1-process step (medians "
                                             "over repeats; bar: range of the step time)"))
+        if (out / PLOTS[4]).is_file():
+            blocks.append(("img", PLOTS[4], "The last steps of one run at the largest size, per rank, from its "
+                                            "timeline.json (open that file in ui.perfetto.dev for every step)"))
     if any("forecast_step_time_s" in p for p in points):
         blocks += [("h2", "Forecast beside the measurement (trainscale plan)"),
                    ("table", ["processes", "measured step (ms)", "forecast step (ms)", "forecast / measured"],
@@ -266,7 +272,9 @@ def main(argv: list[str]) -> int:
             runs = []
             for r in range(args.repeat):
                 bar.update(task, description=f"{world} process(es), run {r + 1}/{args.repeat}")
-                spec = RunSpec(n, _run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
+                # --timeline costs two clock reads a step; its trace is the report's timeline picture.
+                spec = RunSpec(n, [*_run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
+                                   "--timeline"],
                                out / "runs" / f"n{world}_r{r}.json", f"run with {world} process(es)", launcher,
                                script)
                 doc["commands"].append(spec.shell())
@@ -278,7 +286,8 @@ def main(argv: list[str]) -> int:
                 runs.append(summary)
                 doc["runs"].append({k: summary.get(k) for k in ("world_size", "samples_per_s", "step_time_s",
                                     "step_time_spread", "data_wait_frac", "rank_compute_s", "rank_step_time_s",
-                                    "rank_data_wait_s", "allreduce_calls_per_step", "global_batch", "command")})
+                                    "rank_data_wait_s", "allreduce_calls_per_step", "global_batch", "timeline",
+                                    "command")})
                 bar.advance(task)
             if failed:
                 break  # partial results: the points measured so far stay in bench.json

@@ -258,7 +258,7 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                    ("img", PLOTS[0], "Each cause in ms per step with its 90% interval; the dashed line is the total "
                                      "loss"),
                    ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes (range over runs)")]
-    if doc.get("apply"):
+    if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
         blocks += [("h2", "Applied"), ("p", doc["apply"]["text"])]
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]

@@ -15,7 +15,7 @@ from typing import Any
 from .report import figure, legend_below, save
 from .stats import median
 
-__all__ = ["rank_segments", "plot_ranks", "SEGMENTS"]
+__all__ = ["rank_segments", "plot_ranks", "plot_timeline", "SEGMENTS"]
 
 SEGMENTS = ("data wait", "forward+backward", "waiting for the slowest rank", "rest of the step")
 
@@ -83,4 +83,37 @@ def plot_ranks(at_n: list[dict[str, Any]], at_1: list[dict[str, Any]] | None, n:
                 label="step time: median, range over repeats")
     ax.set(xlabel="ms per step (medians)", title=title)
     legend_below(fig, ax)
+    return save(fig, path)
+
+
+def plot_timeline(trace: Path, path: Path, steps: int = 4) -> Path | None:
+    """A Gantt chart of the last ``steps`` steps of every rank from a ``--timeline`` trace (``timeline.json``).
+
+    Each rank is one row of spans (data wait, forward+backward, waiting for the slowest rank, exposed
+    communication, optimizer), on one clock: a straggler shows as the others' red waits lined up with its
+    longer compute. None when the trace holds no steps.
+    """
+    import json
+
+    from ..train.instruments.timeline import SPANS
+
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    ranks = sorted({e["pid"] for e in events})
+    last = sorted({e["args"]["step"] for e in events if e.get("cat") == "phase"})[-steps:]
+    shown = [e for e in events if e.get("cat") == "phase" and e["args"]["step"] in last]
+    if not shown:
+        return None
+    t0 = min(e["ts"] for e in shown)
+    colors = dict(zip(SPANS, ("C1", "0.8", "C0", "C3", "C2", "C4")))
+    fig, ax = figure(7.0, 1.3 + 0.45 * len(ranks))
+    for name in SPANS:
+        for rank in ranks:
+            spans = [((e["ts"] - t0) / 1e3, e["dur"] / 1e3) for e in shown if e["pid"] == rank and e["name"] == name]
+            if spans:  # one legend entry per span name
+                ax.broken_barh(spans, (rank - 0.3, 0.6), color=colors[name],
+                               label=None if name in ax.get_legend_handles_labels()[1] else name)
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set(xlabel="ms since the first step shown", title=f"Timeline of the last {len(last)} measured steps (--timeline)")
+    legend_below(fig, ax, ncol=3)
     return save(fig, path)

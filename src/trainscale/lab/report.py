@@ -116,7 +116,7 @@ def render_html(title: str, blocks: list[Block], folder: Path) -> str:
              "h1+p{font-weight:600;font-size:1.1em}"
              "table{border-collapse:collapse;margin:1em 0;font-size:.92em}td,th{border:1px solid #ccc;"
              "padding:.3em .6em;text-align:left;vertical-align:top}th{background:#f3f3f3}"
-             ".num{text-align:right;white-space:nowrap}"
+             ".num{text-align:right}td.num{white-space:nowrap}"
              "img{max-width:100%}figcaption{color:#555;font-size:.9em}pre{background:#f6f6f6;padding:.8em;"
              "white-space:pre-wrap;overflow-wrap:anywhere}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"

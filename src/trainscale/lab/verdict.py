@@ -66,9 +66,9 @@ def adopt_verdict(before: list[dict[str, Any]], after: list[dict[str, Any]], rep
     """'adopt' or 'do not adopt' a change, from the throughput of phased runs before and after it.
 
     ``before`` and ``after``: the same phase (the doctor's ``base``) of each repeat, with per-rank ``rank_steps``.
-    The gain is median samples/s after over median before, minus 1. Its interval comes from a two-level
-    bootstrap: repeats drawn with replacement (runs differ in placement), then each run's cycles
-    (``bootstrap.resample_runs``). Adopt only when the whole interval is above zero.
+    The gain is the median samples/s after over the median before, minus 1. Its interval comes from a
+    two-level bootstrap: repeats drawn with replacement (runs differ in placement), then each run's cycles
+    (``bootstrap.throughput``). Adopt only when the whole interval is above zero.
 
     Example::
 
@@ -77,24 +77,21 @@ def adopt_verdict(before: list[dict[str, Any]], after: list[dict[str, Any]], rep
     """
     import random
 
-    from .bootstrap import interval, resample_runs
-    from .stats import job_step_time, median
+    from .bootstrap import interval, throughput
+    from .stats import median
 
-    def sps(parts: list[dict[str, Any]]) -> float:
-        return median(p["global_batch"] / job_step_time(p) for p in parts)
+    def gain(b: list[dict[str, Any]], a: list[dict[str, Any]], rng: random.Random | None = None) -> float:
+        sps = lambda parts: median(throughput(p, rng) for p in parts)  # noqa: E731
+        return sps(a) / sps(b) - 1
 
-    gain = sps(after) / sps(before) - 1
     rng = random.Random(seed)
-    reps = []
-    for _ in range(replicates):
-        runs = {("base", "before"): [rng.choice(before) for _ in before],
-                ("base", "after"): [rng.choice(after) for _ in after]}
-        runs = resample_runs(runs, rng)
-        reps.append(sps(runs[("base", "after")]) / sps(runs[("base", "before")]) - 1)
+    reps = [gain([rng.choice(before) for _ in before], [rng.choice(after) for _ in after], rng)
+            for _ in range(replicates)]
+    g = gain(before, after)
     lo, hi, _ = interval(reps, level)
     decision = "adopt" if lo > 0 else "do not adopt"
     why = ("faster by more than the measured noise" if lo > 0 else "slower, beyond the measured noise" if hi < 0
            else "the change is within the measured noise")
-    line = (f"samples/s {gain:+.1%} ({level:.0%} interval {lo:+.1%} .. {hi:+.1%}, {len(before)} runs before and "
+    line = (f"samples/s {g:+.1%} ({level:.0%} interval {lo:+.1%} .. {hi:+.1%}, {len(before)} runs before and "
             f"{len(after)} after, resampled by runs and cycles): {why}: {decision}")
-    return {"decision": decision, "gain": gain, "interval": [lo, hi], "line": line}
+    return {"decision": decision, "gain": g, "interval": [lo, hi], "line": line}
