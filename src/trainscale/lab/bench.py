@@ -1,9 +1,12 @@
 """``trainscale bench``: a scaling sweep over world sizes, with a report.
 
 For each world size it runs ``trainscale train --nproc N [your options] --json ...`` ``--repeat`` times and
-reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)), communication
-overhead per iteration (T_N - T_1 at the same per-device batch, seed 002), data-wait fraction, medians
-and spreads. Weak scaling (fixed per-device batch) by default; ``--scaling strong`` fixes the global batch.
+reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)) with its range over
+pairings of repeats, the scaling overhead per iteration (T_N - T_1 at the same per-device batch, seed 002:
+everything that grows with processes, not communication alone), data-wait fraction, medians and spreads,
+a per-rank chart and a timeline of one run at the largest size. The report opens with a verdict and the
+``trainscale doctor`` command to run next. Weak scaling (fixed per-device batch) by default;
+``--scaling strong`` fixes the global batch.
 
 Example::
 
@@ -37,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trainscale bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Scaling sweep: run the training job at several world sizes and report speed-up, "
-                    "scaling efficiency and communication overhead. Other options go to `trainscale train`, or, after `-- "
+                    "scaling efficiency and scaling overhead. Other options go to `trainscale train`, or, after `-- "
                     "[python] my_train.py [args]`, to your own script on the run API (trainscale.init()).",
         epilog="examples:\n  trainscale bench --nproc 1,2 --out runs/bench\n"
                "  trainscale bench --nproc 1,2 -- python my_train.py --my-args     # your own script on the run API\n"
@@ -84,7 +87,7 @@ def make_point(nproc: int, world: int, runs: list[dict[str, Any]]) -> dict[str, 
 
 
 def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str, Any]]:
-    """Speed-up, efficiency and communication overhead against the smallest world size measured."""
+    """Speed-up, efficiency, its range and the scaling overhead against the smallest world size measured."""
     if not points:
         return points
     base = points[0]

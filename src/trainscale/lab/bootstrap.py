@@ -51,7 +51,8 @@ def throughput(part: dict[str, Any], rng: random.Random | None = None) -> float:
     rows = (part.get("rank_steps") or [[]])[0]
     if not rows:
         return float(part["samples_per_s"])
-    weights = Counter(rng.choice(_cycles(part)) for _ in _cycles(part)) if rng else None
+    cycles = _cycles(part)
+    weights = Counter(rng.choice(cycles) for _ in cycles) if rng else None
     steps = [r[1] for r in rows for _ in range(weights.get(int(r[0]), 0) if weights else 1)]
     return len(steps) * part["global_batch"] / sum(steps) if steps else float("nan")
 

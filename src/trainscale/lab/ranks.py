@@ -3,7 +3,8 @@
 Built from what every run summary holds per rank (median step time, forward+backward, data wait; a phased
 run's ``rank_steps`` rows where a phase has no per-rank data wait), so it costs no extra run. A rank that
 computes faster than the slowest one waits for it at the gradient exchange: that wait is drawn as its own
-segment, so a straggler shows as one short compute bar beside long waits on every other rank.
+segment, so a straggler shows as one long compute bar beside a wait on every other rank. ``plot_timeline``
+draws the last steps of a ``--timeline`` trace per rank (a Gantt chart).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _wait(s: dict[str, Any], rank: int) -> float:
     waits = s.get("rank_data_wait_s")
     if waits and rank < len(waits):
         return waits[rank]
-    rows = (s.get("rank_steps") or [])
+    rows = s.get("rank_steps") or []
     if rank < len(rows) and rows[rank]:
         return median(r[3] for r in rows[rank])
     return float(s.get("data_wait_frac") or 0.0) * s["step_time_s"]
@@ -114,6 +115,7 @@ def plot_timeline(trace: Path, path: Path, steps: int = 4) -> Path | None:
                                label=None if name in ax.get_legend_handles_labels()[1] else name)
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
-    ax.set(xlabel="ms since the first step shown", title=f"Timeline of the last {len(last)} measured steps (--timeline)")
+    ax.set(xlabel="ms since the first step shown",
+           title=f"Timeline of the last {len(last)} measured steps (--timeline)")
     legend_below(fig, ax, ncol=3)
     return save(fig, path)
