@@ -70,6 +70,7 @@ def test_crashing_job_stops_sweep_and_keeps_partial_results(tmp_path):
     (["bench", "--nproc", "1,x"], "comma-separated process counts"),
     (["bench", "--ablate.compute", "nap"], "ablate.compute = 'nap'"),
     (["bench", "--json", "x.json"], "set by the lab itself"),
+    (["bench", "--job.out", "shared"], "--job.out = '--job.out': set by the lab itself for each run"),
     (["bench", "--scaling", "strong", "--nproc", "1,3", "--batch-size", "32"], "must divide by every world size"),
     (["doctor", "--nproc", "1"], "give N >= 2"),
 ])
