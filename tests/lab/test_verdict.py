@@ -1,4 +1,5 @@
-"""The bench report's verdict line: efficiency, its noise, significant or inconclusive, the next command."""
+"""The reports' verdicts: bench efficiency with its noise and the next command; doctor --apply adopt or not;
+tables that align text left and numbers right."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _phased(step_s, noise, repeats=3, cycles=6, seed=0):
         rows = [[[c, step_s * (1 + noise * (2 * rng.random() - 1)), 0.5 * step_s, 0.0] for c in range(cycles)
                  for _ in range(4)] for _ in range(2)]
         med = [statistics.median(r[1] for r in rank) for rank in rows]
-        parts.append({"global_batch": 64, "step_time_s": med[0], "rank_step_time_s": med, "samples_per_s": 0.0,
+        parts.append({"global_batch": 64, "step_time_s": med[0], "rank_step_time_s": med,
                       "rank_compute_s": [0.5 * step_s] * 2, "rank_steps": rows})
     return parts
 
