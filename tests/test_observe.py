@@ -30,14 +30,21 @@ def _phase_totals(trace: dict, rank: int) -> tuple[list[float], dict[int, float]
     return steps, per_step
 
 
-@pytest.mark.dist
-@pytest.mark.timeout(240)
-def test_two_process_timeline_metrics_tensorboard_and_schema(tmp_path):
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """One 2-process run with every instrument of this file on: timeline, profiler traces, TensorBoard."""
+    tmp_path = tmp_path_factory.mktemp("observe")
     out = tmp_path / "s.json"
-    r = run_cli(["train", "--nproc", "2", "--steps", "30", *FAST, "--json", str(out), "--timeline",
+    r = run_cli(["train", "--nproc", "2", "--steps", "30", *FAST, "--json", str(out), "--timeline", "--profile",
                  "--log.tracker", "tensorboard"], timeout=200)
     assert r.rc == 0, r.text
-    s = read_json(out)  # strict and schema-checked
+    return tmp_path, read_json(out)  # strict and schema-checked
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_two_process_timeline_metrics_tensorboard_and_schema(two_process_run):
+    tmp_path, s = two_process_run
     assert s["versions"]["torch"] and s["host"] and s["started_at"]
     trace = json.loads((tmp_path / "timeline.json").read_text())
     assert s["timeline"] == str(tmp_path / "timeline.json")
@@ -47,7 +54,8 @@ def test_two_process_timeline_metrics_tensorboard_and_schema(tmp_path):
         steps, per_step = _phase_totals(trace, rank)
         assert len(steps) == s["measured_steps"] == len(per_step)
         # The spans of each rank add up to its measured step time (the summary's median, within 5%).
-        assert abs(statistics.median(per_step.values()) - s["rank_step_time_s"][rank]) <= 0.05 * s["rank_step_time_s"][rank]
+        measured = s["rank_step_time_s"][rank]
+        assert abs(statistics.median(per_step.values()) - measured) <= 0.05 * measured
         assert abs(sum(per_step.values()) - sum(steps)) <= 0.05 * sum(steps)
     # metrics.jsonl: one line per log point (every 5 steps), the values of the summary's loss curve.
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -62,6 +70,42 @@ def test_two_process_timeline_metrics_tensorboard_and_schema(tmp_path):
     assert [e.step for e in loss] == [x["step"] for x in lines]
     assert [e.value for e in loss] == pytest.approx([x["loss"] for x in lines], rel=1e-6)
     assert "samples_per_s" in acc.Tags()["scalars"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_profiler_traces_load_in_holistic_trace_analysis(two_process_run):
+    """--profile leaves one trace per rank that HTA reads: every measured step, per rank, split in time.
+
+    HTA's own temporal breakdown splits a rank's time between its GPU kernels (compute, communication, idle);
+    a CPU run has no kernels, so there the split is taken from HTA's parsed per-rank frames: each profiled
+    step's time inside Gloo's all-reduce and outside it.
+    """
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed: "
+                              "pip install 'trainscale[trace]'")
+    tmp_path, s = two_process_run
+    assert s["profile_traces"] == [str(tmp_path / "traces" / f"trace_rank{r}.json") for r in range(2)]
+    ta = hta.TraceAnalysis(trace_dir=str(tmp_path / "traces"))
+    assert sorted(ta.t.traces) == [0, 1]
+    # Every measured step is a profiler step (the span still open when the profiler stopped is left out).
+    assert len(ta.get_profiler_steps()) == s["measured_steps"]
+    if s["device"] == "cuda":
+        tb = ta.get_temporal_breakdown(visualize=False)
+        assert sorted(tb["rank"]) == [0, 1] and (tb["kernel_time(us)"] > 0).all()
+        return
+    sym = ta.t.symbol_table.get_sym_table()
+    for rank in range(2):
+        df = ta.t.get_trace(rank)
+        names = df["name"].map(lambda i: sym[i])
+        steps = df[names.str.startswith("ProfilerStep#")]
+        comm = df[names == "gloo:all_reduce"]
+        assert len(steps) == s["measured_steps"] and len(comm) >= len(steps)  # one bucket or more per step
+        step_us = float(steps["dur"].median())
+        comm_us = float(comm.groupby("iteration")["dur"].sum().median())
+        # The rank's median step in HTA's trace is the step the summary measured (same seams), and the
+        # all-reduce is a real part of it.
+        assert abs(step_us / 1e6 - s["rank_step_time_s"][rank]) <= 0.10 * s["rank_step_time_s"][rank]
+        assert 0 < comm_us < step_us
 
 
 @pytest.mark.timeout(180)

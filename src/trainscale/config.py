@@ -329,7 +329,7 @@ class LogConfig(_Section):
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
     profile: bool = _f(False, "profile the measured steps with torch.profiler: rank 0's per-operator table and "
-                       "each rank's Chrome trace (trace_rankN.json) in the run's folder")
+                       "each rank's Chrome trace (traces/trace_rankN.json) in the run's folder")
     metrics: bool = _f(True, "rank 0 appends one JSON line per log point to metrics.jsonl in the run's folder "
                        "(job.out, else beside --json), flushed: a crashed run keeps its curve")
     tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = _f(

@@ -19,9 +19,21 @@ def test_bench_default_job_writes_report_and_consistent_efficiency(tmp_path):
     r = run_cli(["bench", "--nproc", "1,2", "--repeat", "1", "--out", str(out), "--steps", "40",
                  "--job.threads", "1"], timeout=280)
     assert r.rc == 0, r.text
-    for name in ("bench.json", "report.md", "report.html", "throughput.png", "efficiency.png", "breakdown.png"):
+    for name in ("bench.json", "report.md", "report.html", "throughput.png", "efficiency.png", "breakdown.png",
+                 "ranks.png", "timeline.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    # Each run's live metrics in a folder of its own (its job.out), none shared.
+    assert not (out / "runs" / "metrics.jsonl").exists()
+    curves = [(out / "runs" / n / "metrics.jsonl").read_text() for n in ("n1_r0", "n2_r0")]
+    assert all(curves) and curves[0] != curves[1]
     doc = read_json(out / "bench.json")
+    md = (out / "report.md").read_text()
+    v = doc["verdict"]
+    assert md.split("\n\n")[1].startswith(f"Verdict: Efficiency at 2 processes: {v['efficiency']:.0%} ")
+    assert v["word"] in md.split("\n\n")[1]
+    if v["efficiency"] < 1:  # the next command, to copy
+        assert f"```\n{v['doctor_command']}\n```" in md and v["doctor_command"].startswith("trainscale doctor")
+    assert "scaling overhead" in md and "comm overhead" not in md
     pts = {p["nproc"]: p for p in doc["points"]}
     assert set(pts) == {1, 2}
     one = pts[1]["samples_per_s"]
@@ -58,6 +70,7 @@ def test_crashing_job_stops_sweep_and_keeps_partial_results(tmp_path):
     (["bench", "--nproc", "1,x"], "comma-separated process counts"),
     (["bench", "--ablate.compute", "nap"], "ablate.compute = 'nap'"),
     (["bench", "--json", "x.json"], "set by the lab itself"),
+    (["bench", "--job.out", "shared"], "--job.out = '--job.out': set by the lab itself for each run"),
     (["bench", "--scaling", "strong", "--nproc", "1,3", "--batch-size", "32"], "must divide by every world size"),
     (["doctor", "--nproc", "1"], "give N >= 2"),
 ])

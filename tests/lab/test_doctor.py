@@ -56,6 +56,36 @@ def test_tiny_buckets_are_named_and_apply_measures_the_gain(tmp_path):
     a = doc["apply"]
     assert a["cause"] == "communication" and a["step_time_after_s"] < a["step_time_before_s"]
     assert "applied: --strategy.bucket_mb 25" in r.out
+    # Judged on throughput against the measured noise: a gain whose whole interval is above zero is adopted.
+    assert a["decision"] == "adopt" and a["gain_interval"][0] > 0 and a["text"].endswith(": adopt")
+    _check_report(tmp_path / "doc", doc)
+
+
+def _check_report(out, doc):
+    """What a reader relies on in doctor.md/html: verdict and change first, text left, each command once."""
+    md = (out / "doctor.md").read_text()
+    first = md.split("\n\n")[1]
+    top = doc["causes"][0]
+    assert first.startswith(f"Verdict: {top['name']} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, "
+                            f"{top['share']:.0%} of the scaling loss (90% interval "), first
+    change = md.split("Change:\n\n```\n", 1)[1].split("\n```", 1)[0]
+    assert change.startswith("trainscale train --nproc 2 ") and change.endswith("--strategy.bucket_mb 25")
+    assert "--strategy.bucket_mb 0" not in change  # the job's own value of the changed field is replaced
+    assert md.index("Change:") < md.index("Applied:") < md.index("## Causes")
+    runs = md.split("## Runs", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert len(runs) == len(set(runs)) == len({r["command"] for r in doc["runs"]})
+    # Markdown: text columns left-aligned, numbers right (cause, verdict, evidence vs ms/step, share).
+    assert "| # | cause | ms/step | share of loss | 90% interval (ms) | per repeat (ms) | verdict | evidence |\n" \
+           "|--:|:--|--:|--:|--:|--:|:--|:--|" in md
+    page = (out / "doctor.html").read_text()
+    assert f"<td>{top['name']}</td>" in page and 'class="num"' in page
+    assert "padding:.3em .6em;text-align:left" in page
+    assert "ranks.png" in md and (out / "ranks.png").stat().st_size > 0
+    # Every run wrote its metrics into a folder of its own, none into the shared runs/ folder.
+    summaries = sorted((out / "runs").glob("*.json"))
+    assert summaries and not (out / "runs" / "metrics.jsonl").exists()
+    for s in summaries:
+        assert (s.with_suffix("") / "metrics.jsonl").is_file(), s
 
 
 @pytest.mark.timeout(900)

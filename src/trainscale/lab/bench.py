@@ -1,9 +1,12 @@
 """``trainscale bench``: a scaling sweep over world sizes, with a report.
 
 For each world size it runs ``trainscale train --nproc N [your options] --json ...`` ``--repeat`` times and
-reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)), communication
-overhead per iteration (T_N - T_1 at the same per-device batch, seed 002), data-wait fraction, medians
-and spreads. Weak scaling (fixed per-device batch) by default; ``--scaling strong`` fixes the global batch.
+reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)) with its range over
+pairings of repeats, the scaling overhead per iteration (T_N - T_1 at the same per-device batch, seed 002:
+everything that grows with processes, not communication alone), data-wait fraction, medians and spreads,
+a per-rank chart and a timeline of one run at the largest size. The report opens with a verdict and the
+``trainscale doctor`` command to run next. Weak scaling (fixed per-device batch) by default;
+``--scaling strong`` fixes the global batch.
 
 Example::
 
@@ -22,21 +25,22 @@ from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
 from .common import check_train_args, console, err_console, machine_description, parse_nproc_list, write_json
-from .report import figure, save, write_reports
+from .ranks import plot_ranks, plot_timeline
+from .report import figure, legend_below, save, write_reports
 from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
 from .verdict import bench_verdict
 
 __all__ = ["main", "make_point", "complete_points", "PLOTS"]
 
-PLOTS = ("throughput.png", "efficiency.png", "breakdown.png")
+PLOTS = ("throughput.png", "efficiency.png", "breakdown.png", "ranks.png", "timeline.png")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trainscale bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Scaling sweep: run the training job at several world sizes and report speed-up, "
-                    "scaling efficiency and communication overhead. Other options go to `trainscale train`, or, after `-- "
+                    "scaling efficiency and scaling overhead. Other options go to `trainscale train`, or, after `-- "
                     "[python] my_train.py [args]`, to your own script on the run API (trainscale.init()).",
         epilog="examples:\n  trainscale bench --nproc 1,2 --out runs/bench\n"
                "  trainscale bench --nproc 1,2 -- python my_train.py --my-args     # your own script on the run API\n"
@@ -78,12 +82,12 @@ def make_point(nproc: int, world: int, runs: list[dict[str, Any]]) -> dict[str, 
         "global_batch": runs[0]["global_batch"], "batch_size": runs[0]["batch_size"],
         "threads": runs[0].get("threads"),
         "measured_steps": median(r.get("measured_steps") for r in runs),
-        "samples_per_s_runs": sps,
+        "samples_per_s_runs": sps, "step_time_s_runs": [job_step_time(r) for r in runs],
     }
 
 
 def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str, Any]]:
-    """Speed-up, efficiency and communication overhead against the smallest world size measured."""
+    """Speed-up, efficiency, its range and the scaling overhead against the smallest world size measured."""
     if not points:
         return points
     base = points[0]
@@ -96,6 +100,10 @@ def complete_points(points: list[dict[str, Any]], scaling: str) -> list[dict[str
         # Everything that grows with processes (communication, waiting, contention), not communication alone;
         # comm_overhead_s is kept under its first name for readers of bench.json.
         p["scaling_overhead_s"] = p["comm_overhead_s"] = p["step_time_s"] - ideal_t
+        # Range of the efficiency over every pairing of a run here with a run at the base size (its error bar).
+        pairs = [t / (ratio * b) for t in p.get("samples_per_s_runs") or [] for b in base.get("samples_per_s_runs")
+                 or [] if b > 0]
+        p["efficiency_range"] = [min(pairs), max(pairs)] if pairs else [p["efficiency"], p["efficiency"]]
     return points
 
 
@@ -111,55 +119,86 @@ def _table(points: list[dict[str, Any]], title: str) -> Table:
     return t
 
 
-def _plots(points: list[dict[str, Any]], out: Path) -> list[str]:
+def _plots(points: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path) -> list[str]:
     ws = [p["world_size"] for p in points]
     base = points[0]
+
+    def err(mid: list[float], ranges: list[list[float]]) -> list[list[float]]:
+        return [[max(0.0, m - r[0]) for m, r in zip(mid, ranges)], [max(0.0, r[1] - m) for m, r in zip(mid, ranges)]]
+
     fig, ax = figure()
-    ax.plot(ws, [p["samples_per_s"] for p in points], "o-", label="measured")
+    sps = [p["samples_per_s"] for p in points]
+    ax.errorbar(ws, sps, yerr=err(sps, [[min(p["samples_per_s_runs"]), max(p["samples_per_s_runs"])]
+                                        for p in points]), fmt="o-", capsize=4, label="measured (median, range)")
     ax.plot(ws, [base["samples_per_s"] * w / base["world_size"] for w in ws], "--", color="gray", label="ideal")
-    for p in points:
-        lo, hi = min(p["samples_per_s_runs"]), max(p["samples_per_s_runs"])
-        ax.vlines(p["world_size"], lo, hi, color="C0", alpha=0.5)
     ax.set(xlabel="processes", ylabel="samples/s", title="Throughput against processes", xticks=ws)
     ax.legend()
     save(fig, out / PLOTS[0])
     fig, ax = figure()
-    ax.plot(ws, [p["efficiency"] * 100 for p in points], "o-")
+    eff = [p["efficiency"] * 100 for p in points]
+    ax.errorbar(ws, eff, yerr=err(eff, [[x * 100 for x in p["efficiency_range"]] for p in points]), fmt="o-",
+                capsize=4, label="median (bar: range over pairings of runs)")
     ax.axhline(100, ls="--", color="gray")
     ax.set(xlabel="processes", ylabel="scaling efficiency (%)", title="Scaling efficiency", xticks=ws,
-           ylim=(0, max(110, max(p["efficiency"] * 100 for p in points) + 10)))
+           ylim=(0, max(110, max(p["efficiency_range"][1] * 100 for p in points) + 10)))
+    ax.legend(fontsize=8)
     save(fig, out / PLOTS[1])
     fig, ax = figure()
     data = [p["step_time_s"] * p["data_wait_frac"] * 1e3 for p in points]
     comp = [min(p["compute_s"], p["step_time_s"]) * 1e3 if p["compute_s"] == p["compute_s"] else 0 for p in points]
     rest = [max(0.0, p["step_time_s"] * 1e3 - d - c) for p, d, c in zip(points, data, comp)]
     x = [str(w) for w in ws]
-    ax.bar(x, data, label="data wait")
-    ax.bar(x, comp, bottom=data, label="forward+backward (slowest rank)")
-    # Only data wait and compute are measured apart; the rest is what is left of the step, named as such.
-    ax.bar(x, rest, bottom=[d + c for d, c in zip(data, comp)],
-           label="rest of the step (not measured apart: communication, waiting, optimizer)")
-    ax.set(xlabel="processes", ylabel="ms per step", title="Step-time breakdown")
-    ax.legend(fontsize=8)
+    ax.bar(x, data, color="C1", label="data wait (measured)")
+    ax.bar(x, comp, bottom=data, color="C0", label="forward+backward, slowest rank (measured)")
+    # Only data wait and compute are measured apart; the rest is what is left of the step, named by what it can
+    # hold: with one process there is no communication, so its rest is not called that.
+    ones = [r if p["world_size"] == 1 else 0.0 for p, r in zip(points, rest)]
+    many = [r if p["world_size"] > 1 else 0.0 for p, r in zip(points, rest)]
+    below = [d + c for d, c in zip(data, comp)]
+    if any(ones):
+        ax.bar(x, ones, bottom=below, color="0.8", label="rest at 1 process: optimizer, framework (not measured apart)")
+    ax.bar(x, many, bottom=below, color="0.55",
+           label="rest: communication, waiting, optimizer (not measured apart)")
+    steps = [p["step_time_s"] * 1e3 for p in points]
+    ax.errorbar(x, steps, yerr=err(steps, [[min(p["step_time_s_runs"]) * 1e3, max(p["step_time_s_runs"]) * 1e3]
+                                            for p in points]), fmt="none", color="k", capsize=4,
+                label="step time: range over repeats")
+    ax.set(xlabel="processes", ylabel="ms per step (medians)", title="Step-time breakdown")
+    legend_below(fig, ax, ncol=1)
     save(fig, out / PLOTS[2])
-    return list(PLOTS)
+    top, one = points[-1]["world_size"], points[0]["world_size"]
+    if top > 1:
+        at = lambda w: [r for r in runs if r["world_size"] == w]  # noqa: E731
+        plot_ranks(at(top), at(one) if one == 1 else None, top, out / PLOTS[3],
+                   f"Per rank: where the step goes at {top} processes")
+        trace = next((r["timeline"] for r in at(top) if r.get("timeline") and Path(r["timeline"]).is_file()), None)
+        if trace:
+            plot_timeline(Path(trace), out / PLOTS[4])
+    return [p for p in PLOTS if (out / p).is_file()]
 
 
 def _report(out: Path, doc: dict[str, Any]) -> None:
     points = doc["points"]
     cfg = doc["config"]
     verdict = doc.get("verdict")
-    blocks: list[tuple] = [("p", f"Verdict: {verdict['line']}")] if verdict else []
+    blocks: list[tuple] = []
+    if verdict:  # the doctor command goes in its own block, to copy, rather than inside the sentence
+        line = verdict["line"].replace(": " + verdict["doctor_command"], " (the command below)")
+        blocks.append(("p", f"Verdict: {line}"))
+        if verdict["efficiency"] < 1.0:
+            blocks += [("p", "Next, to find out why:"), ("pre", verdict["doctor_command"])]
     blocks += [("p", f"{cfg['scaling']} scaling, {cfg['repeat']} run(s) per point, model "
                                  f"{cfg['model']} on {cfg['data']}, {cfg['steps']} steps "
                                  f"({cfg['skip_first']} warm-up steps excluded), per-device batch at the base point "
                                  f"{cfg['batch_size']}. Machine: {doc['machine']}.")]
     if points:
         rows = [[p["world_size"], f"{p['samples_per_s']:,.0f}", f"{p['speedup']:.2f}", f"{p['efficiency']:.1%}",
+                 " .. ".join(f"{x:.1%}" for x in p["efficiency_range"]),
                  f"{p['comm_overhead_s'] * 1e3:+.3f}", f"{p['data_wait_frac']:.1%}",
                  f"{p['step_time_s'] * 1e3:.3f}", f"{p['spread']:.1%}", p["global_batch"]] for p in points]
         blocks += [("h2", "Results"),
-                   ("table", ["processes", "samples/s", "speed-up", "efficiency", "scaling overhead (ms/step)",
+                   ("table", ["processes", "samples/s", "speed-up", "efficiency", "efficiency range",
+                              "scaling overhead (ms/step)",
                               "data wait", "step time (ms)", "spread over repeats", "global batch"], rows),
                    ("p", "Efficiency = throughput(N) / (N x throughput(1)); scaling overhead = step time at N "
                          "minus step time at 1 (weak scaling: same per-device batch): everything that grows with "
@@ -167,8 +206,16 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                          "communication alone. 'spread' is (max - min) / "
                          "median of samples/s over the repeats: differences smaller than it are noise."),
                    ("img", PLOTS[0], "Throughput with the ideal (linear) line; vertical bars: range over repeats"),
-                   ("img", PLOTS[1], "Scaling efficiency"),
-                   ("img", PLOTS[2], "Where a step's time goes (medians)")]
+                   ("img", PLOTS[1], "Scaling efficiency; bars: range over every pairing of a run at N with a run "
+                                     "at the base size"),
+                   ("img", PLOTS[2], "Where a step's time goes (medians; bar: range of the step time over repeats); "
+                                     "only data wait and forward+backward are measured apart")]
+        if (out / PLOTS[3]).is_file():
+            blocks.append(("img", PLOTS[3], "Each rank's step at the largest size beside the 1-process step (medians "
+                                            "over repeats; bar: range of the step time)"))
+        if (out / PLOTS[4]).is_file():
+            blocks.append(("img", PLOTS[4], "The last steps of one run at the largest size, per rank, from its "
+                                            "timeline.json (open that file in ui.perfetto.dev for every step)"))
     if any("forecast_step_time_s" in p for p in points):
         blocks += [("h2", "Forecast beside the measurement (trainscale plan)"),
                    ("table", ["processes", "measured step (ms)", "forecast step (ms)", "forecast / measured"],
@@ -228,7 +275,9 @@ def main(argv: list[str]) -> int:
             runs = []
             for r in range(args.repeat):
                 bar.update(task, description=f"{world} process(es), run {r + 1}/{args.repeat}")
-                spec = RunSpec(n, _run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
+                # --timeline costs two clock reads a step; its trace is the report's timeline picture.
+                spec = RunSpec(n, [*_run_args(rest, args.scaling, cfg.data.batch_size, nprocs[0], n, world),
+                                   "--timeline"],
                                out / "runs" / f"n{world}_r{r}.json", f"run with {world} process(es)", launcher,
                                script)
                 doc["commands"].append(spec.shell())
@@ -240,7 +289,8 @@ def main(argv: list[str]) -> int:
                 runs.append(summary)
                 doc["runs"].append({k: summary.get(k) for k in ("world_size", "samples_per_s", "step_time_s",
                                     "step_time_spread", "data_wait_frac", "rank_compute_s", "rank_step_time_s",
-                                    "allreduce_calls_per_step", "global_batch", "command")})
+                                    "rank_data_wait_s", "allreduce_calls_per_step", "global_batch", "timeline",
+                                    "command")})
                 bar.advance(task)
             if failed:
                 break  # partial results: the points measured so far stay in bench.json
@@ -252,8 +302,7 @@ def main(argv: list[str]) -> int:
     doc["error"] = failed
     complete_points(doc["points"], args.scaling)
     doc["verdict"] = bench_verdict(doc["points"], rest, script)
-    if doc["points"]:
-        _plots(doc["points"], out)
+    plots = _plots(doc["points"], doc["runs"], out) if doc["points"] else []
     write_json(out / "bench.json", doc)
     _report(out, doc)
     if doc["points"]:
@@ -262,7 +311,7 @@ def main(argv: list[str]) -> int:
     if doc["verdict"]:
         console.print(doc["verdict"]["line"], markup=False, highlight=False)
     console.print(f"wrote {out / 'bench.json'}, {out / 'report.md'}, {out / 'report.html'}"
-                  + (", " + ", ".join(str(out / p) for p in PLOTS) if doc["points"] else ""))
+                  + "".join(f", {out / p}" for p in plots))
     threads = {p["world_size"]: p.get("threads") for p in doc["points"]}
     if len(set(threads.values())) > 1:
         err_console.print("note: threads per process differ between points (" + ", ".join(

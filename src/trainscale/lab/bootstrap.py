@@ -19,7 +19,7 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-__all__ = ["resample_runs", "interval", "verdict", "outlier_count", "PHASE_KEYS"]
+__all__ = ["resample_runs", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
 
 PHASE_KEYS = ("base", "no_data", "no_comm")
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
@@ -42,6 +42,19 @@ def _resampled_part(part: dict[str, Any], weights: Counter) -> dict[str, Any]:
         steps.append(statistics.median(s) if s else float("nan"))
         comps.append(statistics.median(c) if c else float("nan"))
     return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0]}
+
+
+def throughput(part: dict[str, Any], rng: random.Random | None = None) -> float:
+    """Samples/s of a phase over its timed steps, as the summary counts it (rank 0's total time); with ``rng``,
+    over its cycles drawn with replacement. A total, not a median: a change that makes one step in four slow
+    (local SGD's exchange) is judged on all of them."""
+    rows = (part.get("rank_steps") or [[]])[0]
+    if not rows:
+        return float(part["samples_per_s"])
+    cycles = _cycles(part)
+    weights = Counter(rng.choice(cycles) for _ in cycles) if rng else None
+    steps = [r[1] for r in rows for _ in range(weights.get(int(r[0]), 0) if weights else 1)]
+    return len(steps) * part["global_batch"] / sum(steps) if steps else float("nan")
 
 
 def resample_runs(runs: Runs, rng: random.Random) -> Runs:

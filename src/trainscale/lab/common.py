@@ -20,7 +20,7 @@ __all__ = ["parse_nproc_list", "check_train_args", "to_overrides", "write_json",
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
-_RESERVED = ("--json", "--nproc", "--log.progress", "--print-config")
+_RESERVED = ("--json", "--nproc", "--log.progress", "--print-config", "--job.out")
 
 
 def cores() -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,15 @@ from .analysis import CONFIGS, analyse
 from .common import check_train_args, console, cores, err_console, machine_description, write_json
 from .report import figure, save, write_reports
 from .neighbours import LoadMonitor
+from .ranks import plot_ranks
 from .runner import RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median
 from .suggest import context_from_config
+from .verdict import adopt_verdict
 
 __all__ = ["main"]
 
-PLOTS = ("causes.png", "experiments.png")
+PLOTS = ("causes.png", "experiments.png", "ranks.png")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,28 +121,40 @@ def _interval_ms(c: dict[str, Any]) -> str:
     return f"{lo * 1e3:+.2f} .. {hi * 1e3:+.2f}" if math.isfinite(lo) and math.isfinite(hi) else "-"
 
 
-def _plots(res: dict[str, Any], lab_log: list[dict[str, Any]], out: Path, n: int) -> None:
+def _plots(res: dict[str, Any], lab_log: list[dict[str, Any]], runs: dict[tuple[str, int], list[dict[str, Any]]],
+           out: Path, n: int) -> None:
     causes = [c for c in res["causes"] if math.isfinite(c["seconds_per_step"])]
     fig, ax = figure(6.5, 3.8)
     names = [c["name"] for c in causes][::-1]
     vals = [c["seconds_per_step"] * 1e3 for c in causes][::-1]
-    errs = [c["noise_s"] * 1e3 for c in causes][::-1]
+    # Error bars: the cause's 90% interval (asymmetric), else its noise.
+    lo = [(c["seconds_per_step"] - (c.get("interval_s") or [c["seconds_per_step"] - c["noise_s"]])[0]) * 1e3
+          for c in causes][::-1]
+    hi = [((c.get("interval_s") or [0, c["seconds_per_step"] + c["noise_s"]])[1] - c["seconds_per_step"]) * 1e3
+          for c in causes][::-1]
+    errs = [[max(0.0, x) if math.isfinite(x) else 0.0 for x in v] for v in (lo, hi)]
     colors = ["C3" if c["significant"] else "0.7" for c in causes][::-1]
     ax.barh(names, vals, xerr=errs, color=colors, capsize=3)
     ax.axvline(res["scaling_loss_s"] * 1e3, ls="--", color="k", label="scaling loss T_N - T_1")
-    ax.set(xlabel="ms per step (error bar: noise)", title="Causes of the scaling loss (red: significant)")
+    ax.set(xlabel="ms per step (median; error bar: 90% interval)", title="Causes of the scaling loss (red: clear)")
     ax.legend(fontsize=8)
     save(fig, out / PLOTS[0])
     fig, ax = figure(6.5, 3.6)
     exps = [e for e in CONFIGS if any(r["experiment"] == e for r in lab_log)]
     for j, k in enumerate((1, n)):
-        ys = [median(r["job_step_time_s"] for r in lab_log if r["experiment"] == e and r["nproc"] == k) * 1e3
-              for e in exps]
-        ax.bar([i + (j - 0.5) * 0.38 for i in range(len(exps))], ys, width=0.38, label=f"{k} process(es)")
+        per = [[r["job_step_time_s"] * 1e3 for r in lab_log if r["experiment"] == e and r["nproc"] == k]
+               for e in exps]
+        ys = [median(v) for v in per]
+        err = [[y - min(v) for y, v in zip(ys, per)], [max(v) - y for y, v in zip(ys, per)]]
+        ax.bar([i + (j - 0.5) * 0.38 for i in range(len(exps))], ys, width=0.38, yerr=err, capsize=3,
+               label=f"{k} process(es)")
     ax.set_xticks(range(len(exps)), exps)
-    ax.set(ylabel="ms per step (median)", title="Experiments: each removes one more part of the step")
+    ax.set(ylabel="ms per step (median; bar: range over runs)",
+           title="Experiments: each removes one more part of the step")
     ax.legend(fontsize=8)
     save(fig, out / PLOTS[1])
+    plot_ranks(runs[("base", n)], runs[("base", 1)], n, out / PLOTS[2],
+               f"Per rank: where the step goes at {n} processes (base phase)")
 
 
 def _superlinear(res: dict[str, Any]) -> str:
@@ -167,14 +182,58 @@ def _sureness(res: dict[str, Any]) -> str:
             + (f"Undecided: {', '.join(undecided)}." if undecided else "No cause left undecided."))
 
 
+def _change(doc: dict[str, Any], top: dict[str, Any]) -> str:
+    """The top cause's change as a command to copy: the job with the suggested flags, or the advice itself."""
+    flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
+    if not flags:
+        return top["suggestion"]
+    cfg, n = doc["config"], doc["config"]["nproc"]
+    if cfg.get("script"):
+        return (f"TRAINSCALE_ARGS={shlex.quote(shlex.join(flags))} trainscale launch --nproc-per-node {n} "
+                + shlex.join(cfg["script"]))
+    # The job's own setting of a changed field goes, so the command says each field once.
+    args, keep, skip = cfg["train_args"], [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name.lstrip("-") in top["apply_flags"]:
+            skip = "=" not in a and i + 1 < len(args)
+            continue
+        keep.append(a)
+    return shlex.join(["trainscale", "train", "--nproc", str(n), *keep, *flags])
+
+
+def _headline(doc: dict[str, Any]) -> list[tuple]:
+    """The report's opening: the top cause with its share and interval, the change to copy, the applied verdict."""
+    top = next((c for c in doc["causes"] if c["significant"]), None)
+    if top is None:
+        likely = [c["name"] for c in doc["causes"] if c["verdict"] in ("likely", "undecided")]
+        blocks = [("p", f"Verdict: no cause is clear above the measured noise (scaling loss "
+                        f"{doc['scaling_loss_s'] * 1e3:+.3f} ms/step, efficiency {doc['efficiency']:.0%})."
+                        + (f" Not decided yet: {', '.join(likely)}; raise --repeat or --budget." if likely else
+                           " Nothing to change."))]
+    else:
+        name = top["name"] + (f" (rank {top['rank']})" if top["name"] == "straggler" else "")
+        blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, "
+                        f"{top['share']:.0%} of the scaling loss (90% interval {_interval_ms(top)} ms), "
+                        f"{top['verdict']}. {top['evidence']}."),
+                  ("p", "Change:" if top["apply_flags"] else "What to do:"), ("pre", _change(doc, top))]
+    if doc.get("apply") and doc["apply"].get("decision"):
+        blocks.append(("p", f"Applied: {doc['apply']['text']}"))
+    return blocks
+
+
 def _report(out: Path, doc: dict[str, Any]) -> None:
     res = doc if doc.get("result") else None
     job = (" ".join(doc["config"]["script"]) if doc["config"].get("script") else
            "trainscale train " + " ".join(doc["config"]["train_args"]))
-    blocks: list[tuple] = [("p", f"Job: {job} ; 1 vs {doc['config']['nproc']} processes with "
-                                 f"{doc['config'].get('threads_per_process', '?')} intra-op thread(s) each, "
-                                 f"{doc.get('repeats', doc['config']['repeat'])} run(s) per experiment. "
-                                 f"Machine: {doc['machine']}.")]
+    blocks: list[tuple] = _headline(doc) if res else []
+    blocks.append(("p", f"Job: {job} ; 1 vs {doc['config']['nproc']} processes with "
+                        f"{doc['config'].get('threads_per_process', '?')} intra-op thread(s) each, "
+                        f"{doc.get('repeats', doc['config']['repeat'])} run(s) per experiment. "
+                        f"Machine: {doc['machine']}."))
     if doc.get("external"):
         blocks.append(("p", _external_text(doc["external"])))
     if res:
@@ -182,7 +241,7 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                          f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
                          f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."
                          + _superlinear(res)),
-                   ("h2", "Verdict"),
+                   ("h2", "Causes"),
                    ("table", ["#", "cause", "ms/step", "share of loss", "90% interval (ms)", "per repeat (ms)",
                               "verdict", "evidence"],
                     [[i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
@@ -194,11 +253,13 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                    ("table", ["cause", "suggestion"],
                     [[c["name"], c["suggestion"]] for c in res["causes"] if c["significant"]] or
                     [["-", "no cause above noise: nothing to change"]]),
-                   ("img", PLOTS[0], "Each cause in ms per step with its noise; the dashed line is the total loss"),
-                   ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes")]
-    if doc.get("apply"):
-        a = doc["apply"]
-        blocks += [("h2", "Applied"), ("p", a["text"])]
+                   ("img", PLOTS[2], "Each rank's step at N processes beside the 1-process step (medians of the "
+                                     "base phase; error bar: range of the step time over repeats)"),
+                   ("img", PLOTS[0], "Each cause in ms per step with its 90% interval; the dashed line is the total "
+                                     "loss"),
+                   ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes (range over runs)")]
+    if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
+        blocks += [("h2", "Applied"), ("p", doc["apply"]["text"])]
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
     blocks += [("h2", "How to read this"),
@@ -211,35 +272,40 @@ def _report(out: Path, doc: dict[str, Any]) -> None:
                      "clear (the interval excludes zero), likely (80% of resamples above zero), undecided (large "
                      "enough to matter, too noisy to tell: more repeats or a longer --budget may decide it), no "
                      "(below the minimum share of the loss). How much its size varies between repeats is in the "
-                     "per-repeat column."),
-               ("h2", "Runs"), ("pre", "\n".join(r["command"] for r in doc["runs"]))]
+                     "per-repeat column. --apply adopts a change only when the 90% interval of its throughput gain "
+                     "(repeats and cycles resampled) lies above zero."),
+               ("h2", "Runs"),
+               ("p", "Each run's folder (runs/<name>/) keeps its metrics.jsonl; runs/<name>.json is its summary "
+                     "and runs/<name>.log its output."),
+               ("pre", "\n".join(dict.fromkeys(r["command"] for r in doc["runs"])))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
 
 
-def _apply(lab: _Lab, res: dict[str, Any], n: int, repeat: int, phased: list[str]) -> dict[str, Any] | None:
+def _apply(lab: _Lab, res: dict[str, Any], runs: dict[tuple[str, int], list[dict[str, Any]]], n: int,
+           repeat: int, phased: list[str]) -> dict[str, Any] | None:
     top = next((c for c in res["causes"] if c["significant"] and c["apply_flags"]), None)
     if top is None:
         return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
     flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
-    base = lambda k: [r for r in lab.log if r["experiment"] == "base" and r["nproc"] == k]  # noqa: E731
     # Measured as before (the base phase of phased runs), so before and after are alike.
     after = [lab.run("applied", n, [*phased, *flags], r)["base"] for r in range(repeat)]
     # The change applies at 1 process too (a bucket size, a batch): its 1-process reference is measured again,
     # so that efficiency after compares like with like.
     one_after = [lab.run("applied", 1, [*phased, *flags], r)["base"] for r in range(repeat)]
-    sps1 = median(r["samples_per_s"] for r in base(1))
+    before = runs[("base", n)]
+    sps1 = median(s["samples_per_s"] for s in runs[("base", 1)])
     sps1_after = median(s["samples_per_s"] for s in one_after)
-    sps_b, sps_a = median(r["samples_per_s"] for r in base(n)), median(s["samples_per_s"] for s in after)
-    t0, t1 = median(r["job_step_time_s"] for r in base(n)), median(job_step_time(s) for s in after)
-    gain = sps_a / sps_b - 1 if sps_b else float("nan")
+    sps_b, sps_a = median(s["samples_per_s"] for s in before), median(s["samples_per_s"] for s in after)
+    t0, t1 = median(job_step_time(s) for s in before), median(job_step_time(s) for s in after)
     eff_b, eff_a = sps_b / (n * sps1), sps_a / (n * sps1_after)
-    spread = max(abs(s["samples_per_s"] - sps_a) for s in after) / sps_a if sps_a else float("nan")
+    v = adopt_verdict(before, after)
     return {"cause": top["name"], "flags": top["apply_flags"], "step_time_before_s": t0, "step_time_after_s": t1,
-            "gain": gain, "samples_per_s_before": sps_b, "samples_per_s_after": sps_a, "spread_after": spread,
+            "gain": v["gain"], "gain_interval": v["interval"], "decision": v["decision"],
+            "samples_per_s_before": sps_b, "samples_per_s_after": sps_a,
             "efficiency_before": eff_b, "efficiency_after": eff_a,
-            "text": f"{' '.join(flags)} (for {top['name']}): at {n} processes samples/s {sps_b:,.0f} -> {sps_a:,.0f} "
-                    f"({gain:+.0%}; repeats within {spread:.0%}), step time {t0 * 1e3:.3f} -> {t1 * 1e3:.3f} ms, "
-                    f"efficiency {eff_b:.0%} -> {eff_a:.0%}"}
+            "text": f"{' '.join(flags)} (for {top['name']}): at {n} processes samples/s {sps_b:,.0f} -> {sps_a:,.0f}, "
+                    f"step time {t0 * 1e3:.3f} -> {t1 * 1e3:.3f} ms, efficiency {eff_b:.0%} -> {eff_a:.0%}; "
+                    f"{v['line']}"}
 
 
 def main(argv: list[str]) -> int:
@@ -316,13 +382,13 @@ def main(argv: list[str]) -> int:
                 for r in range(R):
                     # Seed 000's sleep test: the N-process run sleeps the durations calibrated at 1 process, so an
                     # operator that is slow only at N stays compute, and what remains is the framework's own cost.
-                    one = lab.run("sleep", 1, [*CONFIGS["sleep"], "--job.out", str(out / "runs" / f"sleep_r{r}")], r)
+                    one = lab.run("sleep", 1, CONFIGS["sleep"], r)
                     runs.setdefault(("sleep", 1), []).append(one)
                     runs.setdefault(("sleep", n), []).append(
                         lab.run("sleep", n, [*CONFIGS["sleep"], "--ablate.sleep_times", one["sleep_times"]], r))
                 prof = []
                 for k in (1, n):
-                    s = lab.run("profile", k, ["--profile", "--job.out", str(out / "runs" / f"profile_n{k}")], 0)
+                    s = lab.run("profile", k, ["--profile"], 0)
                     prof.append(json.loads(Path(s["profile_json"]).read_text()))
                 profiles = (prof[0], prof[1])
                 thread_runs = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r) for r in range(R)]
@@ -333,20 +399,22 @@ def main(argv: list[str]) -> int:
             doc["result"] = True
             if args.apply:
                 bar.update(task, total=bar.tasks[0].total + 2 * R)
-                doc["apply"] = _apply(lab, res, n, R, phased)
+                doc["apply"] = _apply(lab, res, runs, n, R, phased)
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
     doc["external"] = load.report()
     write_json(out / "doctor.json", doc)
     if doc.get("result"):
-        _plots(doc, lab.log, out, n)
+        _plots(doc, lab.log, runs, out, n)
     _report(out, doc)
     if doc.get("result"):
         res = doc
         console.print(_table(res))
         for i, c in enumerate([c for c in res["causes"] if c["significant"]], 1):
             console.print(f"{i}. [bold]{c['name']}[/bold]: {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
+            if i == 1 and c["apply_flags"]:
+                console.print(f"   change: {_change(doc, c)}", markup=False, highlight=False)
         if not any(c["significant"] for c in res["causes"]):
             console.print("no cause above the measured noise" + ("" if res["scaling_loss_significant"] else
                           " (the scaling loss itself is within noise)"))

@@ -2,7 +2,9 @@
 
 A job is ``trainscale train [options]`` or a user's own script on the run API
 (``trainscale launch --nproc-per-node N script.py args``, its experiment switched on through
-``TRAINSCALE_ARGS`` and its summary asked for through ``TRAINSCALE_JSON``). Every experiment of ``bench``
+``TRAINSCALE_ARGS`` and its summary asked for through ``TRAINSCALE_JSON``). Each run gets a folder of its own
+(``job.out``, the summary's path without ``.json``) for its metrics.jsonl, timeline and profiles, so runs never
+write over each other's files. Every experiment of ``bench``
 and ``doctor`` is a command a user could type (``RunSpec.shell``), so any number in a report can be
 reproduced by hand.
 """
@@ -90,13 +92,22 @@ class RunSpec:
     launcher: LauncherOptions = field(default_factory=LauncherOptions)
     script: list[str] | None = None  # a user's script on the run API instead of trainscale train
 
+    @property
+    def folder(self) -> Path:
+        """The run's own folder (its ``job.out``): beside the summary, named like it."""
+        return self.json_path.with_suffix("")
+
+    def train_args(self) -> list[str]:
+        """The options the run gets: the experiment's, then its own folder."""
+        return [*self.args, "--job.out", str(self.folder)]
+
     def env(self) -> dict[str, str]:
         """Variables the run reads: a script's experiment switches and where its summary goes."""
         if not self.script:
             return {}
         from .common import to_overrides
-        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in [*to_overrides(self.args), "--log.progress",
-                                                                      "none"]),
+        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in [*to_overrides(self.train_args()),
+                                                                      "--log.progress", "none"]),
                 "TRAINSCALE_JSON": str(self.json_path)}
 
     def command(self) -> list[str]:
@@ -105,7 +116,7 @@ class RunSpec:
             extra = self.launcher.argv() if self.launcher.multi_node else []
             return [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(self.nproc), *extra,
                     *self.script]
-        train = ["train", *self.args, "--json", str(self.json_path), "--log.progress", "none"]
+        train = ["train", *self.train_args(), "--json", str(self.json_path), "--log.progress", "none"]
         if self.launcher.multi_node:
             return [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(self.nproc),
                     *self.launcher.argv(), "-m", "trainscale", *train]
@@ -144,8 +155,8 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
         _kill_group(p)
         raise
     # The job's own output, kept beside its summary: the evidence behind a number or a failure.
-    spec.json_path.with_suffix(".log").write_text(f"$ {spec.shell()}\n{out}\n{err}")
     log = spec.json_path.with_suffix(".log")
+    log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
     if p.returncode != 0:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
     if not spec.json_path.is_file():

@@ -2,17 +2,19 @@
 
 Rank 0 writes ``profile_rank0.txt`` (the profiler's own table) and ``profile_rank0.json`` (per-step seconds
 per operator) into the run's folder; the doctor compares these files between world sizes. Every rank
-writes its Chrome trace, ``trace_rankN.json`` (Perfetto, chrome://tracing, Holistic Trace Analysis).
+writes its Chrome trace, ``traces/trace_rankN.json``, with one ``ProfilerStep#N`` span per step (Perfetto,
+chrome://tracing; Holistic Trace Analysis reads the folder: ``TraceAnalysis(trace_dir=".../traces")``).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from ...log import logger
 
@@ -26,7 +28,12 @@ class OpProfiler:
 
     def __init__(self, device: torch.device, rank: int = 0):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        self.prof = profile(activities=acts, record_shapes=False)
+        with warnings.catch_warnings():  # "won't be using warmup": the run's skip_first steps were the warm-up
+            warnings.simplefilter("ignore")
+            # A schedule, only so that each step is recorded as a ProfilerStep#N span (HTA's unit of analysis);
+            # it stays active past MAX_PROFILED_STEPS, where ``step_done`` stops the profiler itself.
+            steps = schedule(wait=0, warmup=0, active=MAX_PROFILED_STEPS + 1, repeat=1)
+        self.prof = profile(activities=acts, record_shapes=False, schedule=steps)
         self.device, self.rank, self.steps, self.running = device, rank, 0, False
 
     def start(self) -> None:
@@ -34,8 +41,9 @@ class OpProfiler:
         self.running = True
 
     def step_done(self) -> None:
-        """Count a profiled step; stop after ``MAX_PROFILED_STEPS``."""
+        """Count a profiled step (a ``ProfilerStep#N`` span in the trace); stop after ``MAX_PROFILED_STEPS``."""
         if self.running:
+            self.prof.step()
             self.steps += 1
             if self.steps >= MAX_PROFILED_STEPS:
                 self.stop()
@@ -63,9 +71,10 @@ class OpProfiler:
     def write(self, folder: Path, world_size: int) -> dict[str, Any]:
         """Write this rank's trace (and on rank 0 the table and the JSON); returns their paths for the summary."""
         self.stop()
-        folder.mkdir(parents=True, exist_ok=True)
-        self.prof.export_chrome_trace(str(folder / f"trace_rank{self.rank}.json"))
-        traces = [str(folder / f"trace_rank{r}.json") for r in range(world_size)]
+        # A folder of traces only: HTA takes every JSON file of its trace_dir for a rank's trace.
+        (folder / "traces").mkdir(parents=True, exist_ok=True)
+        self.prof.export_chrome_trace(str(folder / "traces" / f"trace_rank{self.rank}.json"))
+        traces = [str(folder / "traces" / f"trace_rank{r}.json") for r in range(world_size)]
         if self.rank != 0:
             return {"profile_traces": traces}
         sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
