@@ -14,16 +14,19 @@ __all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure"]
 Block = tuple
 
 
-def figure(width: float = 6.0, height: float = 3.6) -> tuple[Any, Any]:
-    """A matplotlib figure on the file-only Agg backend (no display needed)."""
+def figure(width: float = 6.0, height: float = 3.6, rows: int = 1, cols: int = 1, **share: Any) -> tuple[Any, Any]:
+    """A matplotlib figure on the file-only Agg backend (no display needed): one axes, or a flat list of
+    ``rows * cols`` panels (``share``: ``sharex``/``sharey`` as for ``plt.subplots``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
-    ax.grid(alpha=0.3)
-    return fig, ax
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=110, squeeze=False, **share)
+    panels = list(axes.flat)
+    for ax in panels:
+        ax.grid(alpha=0.3)
+    return fig, panels[0] if len(panels) == 1 else panels
 
 
 def save(fig: Any, path: Path) -> Path:
