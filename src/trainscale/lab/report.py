@@ -29,11 +29,12 @@ def figure(width: float = 6.0, height: float = 3.6, rows: int = 1, cols: int = 1
     return fig, panels[0] if len(panels) == 1 else panels
 
 
-def save(fig: Any, path: Path) -> Path:
-    """Write a figure as PNG and free it."""
+def save(fig: Any, path: Path, legend_below: float = 0.0) -> Path:
+    """Write a figure as PNG and free it; ``legend_below``: the fraction of the height kept free at the bottom
+    for a figure legend."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, legend_below, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

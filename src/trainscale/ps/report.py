@@ -11,7 +11,8 @@ from ..lab.report import Block, figure, save, write_reports
 from ..lab.stats import Interval, mean_interval
 from .theory import ps_bytes, ring_bytes, sync_async_ratio
 
-__all__ = ["runtime_cells", "ratio_cells", "convergence_cells", "write_runtime", "write_convergence"]
+__all__ = ["runtime_cells", "ratio_cells", "convergence_cells", "staleness_rule_effect", "floor_error", "time_to",
+           "write_runtime", "write_convergence"]
 
 TARGETS = (0.2, 0.1)  # eval errors whose time to reach the convergence report gives
 
@@ -76,7 +77,10 @@ def _runtime_plot(path: Path, cells: list[dict[str, Any]], mean: float) -> None:
 
     The legend sits below both panels so it can cover no curve.
     """
-    fig, (left, right) = figure(10.5, 4.6, 1, 2)
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, (left, right) = figure(10.5, 4.8, 1, 2)
+    handles = []
     modes = list(dict.fromkeys(c["mode"] for c in cells))
     ps_values = sorted({c["P"] for c in cells})
     for i, mode in enumerate(modes):
@@ -85,10 +89,12 @@ def _runtime_plot(path: Path, cells: list[dict[str, Any]], mean: float) -> None:
         ys = [c["measured_s"]["mean"] * 1e3 for c in cs]
         bars = [[max(0.0, (c["measured_s"]["mean"] - c["measured_s"]["lo"]) * 1e3) for c in cs],
                 [max(0.0, (c["measured_s"]["hi"] - c["measured_s"]["mean"]) * 1e3) for c in cs]]
-        line = left.errorbar(xs, ys, yerr=bars if cs[0]["measured_s"]["n"] > 1 else None, marker="o", ms=4,
-                             capsize=3, label=f"{mode} measured")[0]
-        left.plot([c["P"] for c in cs], [c["predicted_s"] * 1e3 for c in cs], "--", color=line.get_color(),
-                  alpha=0.6, label=f"{mode} predicted")
+        measured = left.errorbar(xs, ys, yerr=bars if cs[0]["measured_s"]["n"] > 1 else None, marker="o", ms=4,
+                                 capsize=3, label=f"{mode} measured")
+        line = measured[0]
+        (predicted,) = left.plot([c["P"] for c in cs], [c["predicted_s"] * 1e3 for c in cs], "--",
+                                 color=line.get_color(), alpha=0.6, label=f"{mode} predicted")
+        handles += [measured, predicted]  # one legend column per mode: measured above predicted
         err = [[max(0.0, c["error"]["mean"] - c["error"]["lo"]) for c in cs],
                [max(0.0, c["error"]["hi"] - c["error"]["mean"]) for c in cs]]
         right.errorbar(xs, [1 + c["error"]["mean"] for c in cs], yerr=err if cs[0]["error"]["n"] > 1 else None,
@@ -98,11 +104,13 @@ def _runtime_plot(path: Path, cells: list[dict[str, Any]], mean: float) -> None:
         ax.set_xticks(ps_values, [str(p) for p in ps_values])
         ax.set_xlabel("P (learners)")
     left.set(yscale="log", ylabel="ms per update", title=f"time per update, delays Exp(mean {mean * 1e3:.0f} ms)")
+    left.yaxis.set_major_formatter(ScalarFormatter())
+    left.yaxis.set_minor_formatter(ScalarFormatter())
     right.axhline(1.0, color="gray", lw=1)
     right.set(ylabel="measured / predicted", title="measured / order-statistics prediction")
-    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(modes), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
-    save(fig, path)
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=len(modes), fontsize=7,
+               frameon=False)
+    save(fig, path, legend_below=0.1)
 
 
 def write_runtime(out: Path, runs: list[dict[str, Any]], settings: dict[str, Any], n_bytes: int) -> dict[str, Any]:
@@ -251,8 +259,7 @@ def _convergence_plot(path: Path, runs: list[dict[str, Any]], key: str, xlabel: 
     handles, labels = axes[1 if len(groups) > 1 else 0].get_legend_handles_labels()
     fig.suptitle(title + f"; dotted: errors {' and '.join(map(str, TARGETS))}", fontsize=10)
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    save(fig, path)
+    save(fig, path, legend_below=0.09)
 
 
 def _reach(iv: dict[str, Any], n: int) -> str:
@@ -286,7 +293,7 @@ def write_convergence(out: Path, runs: list[dict[str, Any]], settings: dict[str,
     rows = [[c["label"], c["K"], Interval(**c["updates"]).fmt(digits=0), Interval(**c["staleness_mean"]).fmt(digits=2),
              *(_reach(c["time_to"][str(t)], n) for t in TARGETS), Interval(**c["floor"]).fmt(digits=3),
              _span(c["floor"], 1, 3), Interval(**c["final_error"]).fmt(digits=3)] for c in cells]
-    eff_rows = [[e["mode"], ", ".join(f"{d:+.3f}" for d in e["diffs"]), Interval(**e["difference"]).fmt(digits=3),
+    eff_rows = [[e["mode"], ", ".join(f"{d:+.3f}" for d in e["diffs"]), f"{e['difference']['mean']:+.3f} ± {e['difference']['se']:.3f}",
                  _span(e["difference"], 1, 3)] for e in effect]
     blocks: list[Block] = [
         ("pre", settings["command"]),
