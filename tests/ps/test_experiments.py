@@ -17,7 +17,7 @@ def test_mean_interval_is_the_student_t_interval():
     assert (iv.lo, iv.hi) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)))
     assert iv.contains(4.0) and not iv.contains(4.6)
     one = mean_interval([5.0])
-    assert one.n == 1 and math.isnan(one.se) and one.fmt() == "5.0"
+    assert one.n == 1 and math.isnan(one.se) and one.fmt() == "5.0" and one.to_json()["se"] is None
 
 
 @pytest.mark.timeout(120)

@@ -37,13 +37,14 @@ class Interval:
 
     def fmt(self, scale: float = 1.0, digits: int = 1) -> str:
         """``"837.3 ± 12.1"`` (mean ± standard error), scaled (1e3 for ms)."""
-        if not math.isfinite(self.se):
+        if self.se is None or not math.isfinite(self.se):
             return f"{self.mean * scale:.{digits}f}"
         return f"{self.mean * scale:.{digits}f} ± {self.se * scale:.{digits}f}"
 
     def to_json(self) -> dict[str, float | int]:
-        """The fields as a dict (nan for what one value cannot give)."""
-        return {"mean": self.mean, "se": self.se, "lo": self.lo, "hi": self.hi, "n": self.n}
+        """The fields as a dict; null for what too few values cannot give (strict JSON has no NaN)."""
+        return {k: v if isinstance(v, int) or math.isfinite(v) else None
+                for k, v in (("mean", self.mean), ("se", self.se), ("lo", self.lo), ("hi", self.hi), ("n", self.n))}
 
 
 def mean_interval(xs: Iterable[float]) -> Interval:
