@@ -25,7 +25,26 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=20)
 
 
-def _run(tmp_path):
+@pytest.fixture
+def ck_folder(tmp_path):
+    """``ck_folder(size)`` -> (folder, mounted): the checkpoint folder, on a tmpfs of ``size`` where root may
+    mount one (unmounted after the test); a plain folder otherwise, and the test simulates the kernel's error."""
+    mounted: list[Path] = []
+
+    def make(size: str) -> tuple[Path, bool]:
+        folder = tmp_path / "ck"
+        if os.geteuid() == 0 and _tmpfs(folder, size):
+            mounted.append(folder)
+        return folder, bool(mounted)
+
+    yield make
+    for folder in mounted:
+        _umount(folder)
+
+
+@pytest.fixture
+def api_run(ck_folder):
+    """A 2-step run on the run API (one process), finished after the test, before its folder is unmounted."""
     run = trainscale.init(args=["--log.progress", "none", "--job.heartbeat_s", "0"])
     model = torch.nn.Linear(64, 256)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -35,7 +54,10 @@ def _run(tmp_path):
     for x, y in run.batches(loader, steps=2):
         run.backward(torch.nn.functional.mse_loss(model(x), y))
         run.step()
-    return run
+    try:
+        yield run
+    finally:
+        run.finish()
 
 
 def _check_one_line_and_previous_loads(err: CheckpointWriteError, folder: Path) -> None:
@@ -47,56 +69,43 @@ def _check_one_line_and_previous_loads(err: CheckpointWriteError, folder: Path) 
 
 
 @pytest.mark.timeout(120)
-def test_read_only_folder_mid_run(tmp_path, monkeypatch):
-    folder = tmp_path / "ck"
-    mounted = os.geteuid() == 0 and _tmpfs(folder, "4m")
-    run = _run(tmp_path)
-    try:
-        run.step_count = 1
-        run.save(folder / "step_1.pt")
-        if mounted:
-            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, timeout=20)
-        else:  # no mount here: the same error as the kernel's
-            import tempfile
-            def ro(*a, **k):
-                raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-            monkeypatch.setattr(tempfile, "mkstemp", ro)
-        run.step_count = 2
-        with pytest.raises(CheckpointWriteError) as e:
-            run.save(folder / "step_2.pt")
-        assert "Read-only file system" in str(e.value)
-        monkeypatch.undo()
-        _check_one_line_and_previous_loads(e.value, folder)
-    finally:
-        run.finish()
-        if mounted:
-            _umount(folder)
+def test_read_only_folder_mid_run(ck_folder, api_run, monkeypatch):
+    folder, mounted = ck_folder("4m")
+    api_run.step_count = 1
+    api_run.save(folder / "step_1.pt")
+    if mounted:
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, timeout=20)
+    else:  # no mount here: the same error as the kernel's
+        import tempfile
+
+        def ro(*a, **k):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        monkeypatch.setattr(tempfile, "mkstemp", ro)
+    api_run.step_count = 2
+    with pytest.raises(CheckpointWriteError) as e:
+        api_run.save(folder / "step_2.pt")
+    assert "Read-only file system" in str(e.value)
+    monkeypatch.undo()
+    _check_one_line_and_previous_loads(e.value, folder)
 
 
 @pytest.mark.timeout(120)
-def test_full_folder(tmp_path, monkeypatch):
-    folder = tmp_path / "ck"
+def test_full_folder(ck_folder, api_run, monkeypatch):
     # One checkpoint of this model is ~200 KB (weights + momentum): a 300 KB file system holds one, not two.
-    mounted = os.geteuid() == 0 and _tmpfs(folder, "300k")
-    run = _run(tmp_path)
-    try:
-        run.step_count = 1
-        run.save(folder / "step_1.pt")
-        if not mounted:  # no tmpfs here: a simulated ENOSPC from the file system
-            import shutil
-            real = shutil.disk_usage
-            monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
-        run.step_count = 2
-        with pytest.raises(CheckpointWriteError) as e:
-            run.save(folder / "step_2.pt")
-        assert "No space left on device" in str(e.value)
-        monkeypatch.undo()
-        _check_one_line_and_previous_loads(e.value, folder)
-        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
-    finally:
-        run.finish()
-        if mounted:
-            _umount(folder)
+    folder, mounted = ck_folder("300k")
+    api_run.step_count = 1
+    api_run.save(folder / "step_1.pt")
+    if not mounted:  # no tmpfs here: a simulated ENOSPC from the file system
+        import shutil
+        real = shutil.disk_usage
+        monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    api_run.step_count = 2
+    with pytest.raises(CheckpointWriteError) as e:
+        api_run.save(folder / "step_2.pt")
+    assert "No space left on device" in str(e.value)
+    monkeypatch.undo()
+    _check_one_line_and_previous_loads(e.value, folder)
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
 
 
 @pytest.mark.timeout(120)

@@ -16,16 +16,19 @@ __all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure",
 Block = tuple
 
 
-def figure(width: float = 6.0, height: float = 3.6) -> tuple[Any, Any]:
-    """A matplotlib figure on the file-only Agg backend (no display needed)."""
+def figure(width: float = 6.0, height: float = 3.6, rows: int = 1, cols: int = 1, **share: Any) -> tuple[Any, Any]:
+    """A matplotlib figure on the file-only Agg backend (no display needed): one axes, or a flat list of
+    ``rows * cols`` panels (``share``: ``sharex``/``sharey`` as for ``plt.subplots``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
-    ax.grid(alpha=0.3)
-    return fig, ax
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=110, squeeze=False, **share)
+    panels = list(axes.flat)
+    for ax in panels:
+        ax.grid(alpha=0.3)
+    return fig, panels[0] if len(panels) == 1 else panels
 
 
 def legend_below(fig: Any, ax: Any, ncol: int = 2) -> None:
@@ -36,11 +39,12 @@ def legend_below(fig: Any, ax: Any, ncol: int = 2) -> None:
               bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-34, units="points"))
 
 
-def save(fig: Any, path: Path) -> Path:
-    """Write a figure as PNG and free it."""
+def save(fig: Any, path: Path, legend_below: float = 0.0) -> Path:
+    """Write a figure as PNG and free it; ``legend_below``: the fraction of the height kept free at the bottom
+    for a figure legend."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, legend_below, 1, 1))
     fig.savefig(path, bbox_inches="tight")  # a legend placed outside the axes is kept, not cut off
     plt.close(fig)
     return path

@@ -10,20 +10,19 @@ partition by name (DCP's resharding) and the RNG of its rank where one was saved
 from __future__ import annotations
 
 import json
-import random
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from ..config import ConfigError
+from .checkpoint import rng_state, set_rng_state
 
-__all__ = ["dcp_save", "dcp_load", "read_meta"]
+__all__ = ["dcp_save", "dcp_load", "read_meta", "read_all", "param_names", "rng_tensors", "rng_from_tensors", "meta_tensor"]
 
 
 def _local_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -34,24 +33,32 @@ def _param_names(module: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters()}
 
 
-def _rng_tensors(rank: int) -> dict[str, torch.Tensor]:
-    py = random.getstate()
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {f"rng/{rank}/torch": torch.get_rng_state(),
+def param_names(module: nn.Module, opt: torch.optim.Optimizer) -> list[list[str]]:
+    """The names of each optimizer group's parameters, in order: what maps an optimizer state_dict's indices to
+    DCP's ``optim/NAME/KEY`` (a model's state_dict alone cannot tell parameters from buffers)."""
+    names = _param_names(module)
+    return [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+
+
+def rng_tensors(state: dict[str, Any], rank: int) -> dict[str, torch.Tensor]:
+    """``checkpoint.rng_state()``'s dict as the flat tensors of rank ``rank`` (CUDA states are not kept)."""
+    py = state["python"]
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    return {f"rng/{rank}/torch": state["torch"],
             f"rng/{rank}/python": torch.tensor([py[0], *py[1], py[2] if py[2] is not None else -1], dtype=torch.int64),
-            f"rng/{rank}/numpy": torch.from_numpy(keys.astype(np.int64)),
+            f"rng/{rank}/numpy": torch.as_tensor(keys, dtype=torch.int64),
             f"rng/{rank}/numpy_rest": torch.tensor([pos, has_gauss, gauss], dtype=torch.float64)}
 
 
-def _set_rng(t: dict[str, torch.Tensor], rank: int) -> None:
-    torch.set_rng_state(t[f"rng/{rank}/torch"])
+def rng_from_tensors(t: dict[str, torch.Tensor], rank: int) -> dict[str, Any]:
+    """The inverse of :func:`rng_tensors`: a dict that ``checkpoint.set_rng_state`` restores."""
     py = t[f"rng/{rank}/python"].tolist()
-    random.setstate((py[0], tuple(py[1:-1]), None if py[-1] == -1 else py[-1]))
     pos, has_gauss, gauss = t[f"rng/{rank}/numpy_rest"].tolist()
-    np.random.set_state(("MT19937", t[f"rng/{rank}/numpy"].numpy().astype(np.uint32), int(pos), int(has_gauss), gauss))
+    return {"torch": t[f"rng/{rank}/torch"], "python": (py[0], tuple(py[1:-1]), None if py[-1] == -1 else py[-1]),
+            "numpy": ("MT19937", t[f"rng/{rank}/numpy"], int(pos), int(has_gauss), gauss)}
 
 
-def _meta_tensor(meta: dict[str, Any]) -> torch.Tensor:
+def meta_tensor(meta: dict[str, Any]) -> torch.Tensor:
     return torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8).clone()
 
 
@@ -65,8 +72,8 @@ def build_state(module: nn.Module, opt: torch.optim.Optimizer | None, meta: dict
             for k, v in s.items():
                 state[f"optim/{names[id(p)]}/{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
         meta = {**meta, "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]}
-    state["meta"] = _meta_tensor(meta)
-    state.update(_rng_tensors(rank))
+    state["meta"] = meta_tensor(meta)
+    state.update(rng_tensors(rng_state(), rank))
     return state
 
 
@@ -89,11 +96,16 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads(_read_tensors(path, ["meta"])["meta"].numpy().tobytes().decode())
 
 
-def _read_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
     md = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    out = {k: torch.empty(md[k].size, dtype=md[k].properties.dtype) for k in keys if k in md}
+    out = {k: torch.empty(md[k].size, dtype=md[k].properties.dtype) for k in (md if keys is None else keys) if k in md}
     dcp.load(out, checkpoint_id=str(path), no_dist=True)
     return out
+
+
+def read_all(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a trainscale DCP folder, without a process group (what DCP's dcp_to_torch_save reads)."""
+    return _read_tensors(path)
 
 
 def dcp_load(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, rank: int,
@@ -130,6 +142,6 @@ def dcp_load(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, r
             for g, saved in zip(local.param_groups, meta.get("param_groups", [])):
                 g.update(saved)
     if f"rng/{rank}/torch" in state:
-        _set_rng(state, rank)
+        set_rng_state(rng_from_tensors(state, rank))
     meta["rng_restored"] = f"rng/{rank}/torch" in state
     return meta

@@ -384,6 +384,10 @@ class Run:
         meta = {"scaler": st.scaler.state_dict(), "strategy": st.state_dict(), "step": self.step_count,
                 "loader": self.loaders[0].state_dict() if self.loaders else None,
                 "world_size": self.env.world_size, "config": config_to_dict(self.cfg), **(extra or {})}
+        if self.optimizer is not None:
+            from .dcp import param_names
+            # The optimizer state_dict names parameters by index; these names let a converter map them to DCP keys.
+            meta["param_names"] = param_names(st.module, self.optimizer)
         if path.suffix == ".pt":
             opt = self.optimizer
             optim = (st.pipe.optimizer_state_dict(opt) if st.pipe is not None else
