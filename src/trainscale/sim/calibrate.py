@@ -131,6 +131,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             f"residual {resid:.0%}, CPU {cpu.alpha * 1e6:.0f} us + {cpu.beta * 1e9:.3f} ns/B per call, "
             f"core share {share[str(p)]:.2f}")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
-                      layout["flops_per_step"], n_cores, single, allreduce, share, machine=f"{platform.node()}, {n_cores} cores", commands=commands)
+                      layout["flops_per_step"], n_cores, single, allreduce, share,
+                      machine=f"{platform.node()}, {n_cores} cores", commands=commands)
     cal.save(out)
     return cal

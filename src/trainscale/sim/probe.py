@@ -19,9 +19,9 @@ import torch.distributed as dist
 __all__ = ["main"]
 
 
-def _agreed_reps(seconds_per_rep: float, budget_s: float, most: int = 200) -> int:
+def _agreed_reps(seconds_per_rep: float, budget_s: float) -> int:
     """Repeats that fit ``budget_s``, the same on every rank (MAX): every rank must run the same collectives."""
-    reps = torch.tensor([min(most, max(5, int(budget_s / max(seconds_per_rep, 1e-6))))])
+    reps = torch.tensor([min(200, max(5, int(budget_s / max(seconds_per_rep, 1e-6))))])
     dist.all_reduce(reps, op=dist.ReduceOp.MAX)
     return int(reps.item())
 
@@ -30,8 +30,8 @@ def _time_allreduce(nbytes: int, budget_s: float) -> tuple[float, float, float]:
     """(blocking seconds, queued seconds, CPU seconds) per all-reduce of ``nbytes`` (float32).
 
     Blocking: the median of single calls started together after a barrier. Queued: a burst of asynchronous
-    calls on separate tensors, waited at the end, as DDP issues its buckets during backward; Gloo runs them
-    back to back, so the per-call latency is not paid again between them. CPU: this process's CPU seconds
+    calls on separate tensors, waited at the end, as DDP issues its buckets during backward (kept for the
+    record: on a time-shared host it was not cheaper per call, docs/plan.md). CPU: this process's CPU seconds
     (all threads, Gloo's included) per queued call: on a CPU host that work competes with compute.
     """
     t = torch.ones(max(1, nbytes // 4))
