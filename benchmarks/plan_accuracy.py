@@ -1,10 +1,11 @@
 """Accuracy of ``trainscale plan`` on this machine: forecast vs measured median step time at 2, 3, 4 processes.
 
-For each job and process count P: calibrate (1-process runs + the all-reduce/shared-compute probe at P), forecast,
-then measure ``trainscale train --nproc P`` right after; repeated in alternating order, medians compared.
-Output contract: the last stdout line is one JSON object ({"cases": [...], "mean_abs_error": ...}).
+For each job and process count P: calibrate (the 1-process run + the all-reduce/CPU-share probe at P), forecast,
+then measure ``trainscale train --nproc P`` right after; rounds alternate the order of P, medians are compared.
+The load other programs put on the host is recorded beside each measurement (psutil). Output contract: the last
+stdout line is one JSON object ({"cases": [...], "mean_abs_error": ..., "within_15pct": ...}).
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--repeat 1]
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--repeat 2]
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
+
+from trainscale.lab.neighbours import LoadMonitor
 from trainscale.lab.runner import RunSpec, run_train
 from trainscale.lab.stats import job_step_time
 from trainscale.sim.calibrate import calibrate
@@ -35,45 +39,69 @@ def _strategy(args: list[str]) -> Strategy:
     return Strategy(bucket_mb=bucket)
 
 
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _one(name: str, p: int, tmp: Path, r: int) -> dict:
+    """Calibrate, forecast, then measure ``name`` on ``p`` processes; both parts with the host's load."""
+    args = JOBS[name]
+    with LoadMonitor() as cal_load:
+        cal = calibrate(args, [p], tmp / f"{name}-{p}.json", say=lambda m: _say("  " + m), with_base=False)
+    f = forecast(cal.base_job(cal.cores), cal.cluster(p), _strategy(args), [p])[0]
+    with LoadMonitor() as run_load:
+        s = run_train(RunSpec(p, args, tmp / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
+    one = next(iter(cal.single.values()))
+    m = job_step_time(s)
+    _say(f"  forecast {f.step_time_s * 1e3:.1f} ms (compute {f.compute_s * 1e3:.1f}, comm {f.comm_exposed_s * 1e3:.1f}), "
+         f"measured {m * 1e3:.1f} ms (compute {max(s['rank_compute_s']) * 1e3:.1f}); other programs "
+         f"{cal_load.report()['cores']:.2f} / {run_load.report()['cores']:.2f} cores")
+    return {"forecast": f.step_time_s, "measured": m, "f_compute": f.compute_s, "f_comm": f.comm_exposed_s,
+            "f_bound": f.bound, "m_compute": max(s["rank_compute_s"]), "m_cpu": max(s.get("rank_cpu_s") or [0.0]),
+            "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"], "core_share": cal.share.get(str(p)),
+            "outside_cores_cal": cal_load.report()["cores"], "outside_cores_run": run_load.report()["cores"],
+            "loadavg_1m": psutil.getloadavg()[0]}
+
+
+def _case(name: str, p: int, runs: list[dict]) -> dict:
+    f = statistics.median(x["forecast"] for x in runs)
+    m = statistics.median(x["measured"] for x in runs)
+
+    def r5(key: str) -> list:
+        return [round(x[key], 5) if isinstance(x[key], float) else x[key] for x in runs]
+
+    return {"job": name, "nproc": p, "forecast_step_s": round(f, 5), "measured_step_s": round(m, 5),
+            "error": round(f / m - 1, 4), "forecast_runs": r5("forecast"), "measured_runs": r5("measured"),
+            "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
+            "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
+            **{k: r5(k) for k in ("f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
+                                  "core_share", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=1, help="measured runs per process count (median taken)")
+    ap.add_argument("--repeat", type=int, default=2, help="calibrate+measure rounds per case (median taken)")
     ap.add_argument("--jobs", default=",".join(JOBS))
     a = ap.parse_args()
     cases = []
     with tempfile.TemporaryDirectory(prefix="plan-acc-") as tmp:
         for name in a.jobs.split(","):
-            args = JOBS[name]
-            forecasts: dict[int, list] = {p: [] for p in NPROC}
-            measured: dict[int, list[float]] = {p: [] for p in NPROC}
+            runs: dict[int, list[dict]] = {p: [] for p in NPROC}
             for r in range(a.repeat):
-                # The machine's load drifts over minutes (two other engineers share it): each forecast is
-                # calibrated right before the measurement it is compared with, in alternating order.
+                # The host's load drifts over minutes (other people's jobs): each forecast is calibrated right
+                # before the measurement it is compared with, and rounds alternate the order of P.
                 for p in (NPROC if r % 2 == 0 else NPROC[::-1]):
-                    print(f"[{name}] P={p} repeat {r + 1}: calibrating", file=sys.stderr, flush=True)
-                    cal = calibrate(args, [p], Path(tmp) / f"{name}-{p}.json",
-                                    say=lambda m: print("  " + m, file=sys.stderr, flush=True), with_base=False)
-                    forecasts[p].append(forecast(cal.base_job(cal.cores), cal.cluster(p), _strategy(args), [p])[0])
-                    s = run_train(RunSpec(p, args, Path(tmp) / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
-                    measured[p].append(job_step_time(s))
-                    print(f"  forecast {forecasts[p][-1].step_time_s * 1e3:.1f} ms, measured {measured[p][-1] * 1e3:.1f} ms",
-                          file=sys.stderr, flush=True)
+                    _say(f"[{name}] P={p} round {r + 1}")
+                    runs[p].append(_one(name, p, Path(tmp), r))
             for p in NPROC:
-                f = statistics.median(x.step_time_s for x in forecasts[p])
-                m = statistics.median(measured[p])
-                err = f / m - 1
-                cases.append({"job": name, "nproc": p, "forecast_step_s": round(f, 5), "measured_step_s": round(m, 5),
-                              "forecast_runs": [round(x.step_time_s, 5) for x in forecasts[p]],
-                              "measured_runs": [round(x, 5) for x in measured[p]], "error": round(err, 4),
-                              "forecast_compute_s": [round(x.compute_s, 5) for x in forecasts[p]],
-                              "forecast_comm_s": [round(x.comm_exposed_s, 5) for x in forecasts[p]],
-                              "forecast_straggler_s": [round(x.straggler_s, 5) for x in forecasts[p]]})
-                print(f"  {name} P={p}: forecast {f * 1e3:.1f} ms, measured {m * 1e3:.1f} ms, error {err:+.1%}",
-                      file=sys.stderr, flush=True)
+                cases.append(_case(name, p, runs[p]))
+                c = cases[-1]
+                _say(f"  {name} P={p}: forecast {c['forecast_step_s'] * 1e3:.1f} ms, measured "
+                     f"{c['measured_step_s'] * 1e3:.1f} ms, error {c['error']:+.1%}")
     errs = [abs(c["error"]) for c in cases]
-    within = sum(e <= 0.15 for e in errs)
-    print(json.dumps({"cases": cases, "mean_abs_error": round(statistics.mean(errs), 4), "within_15pct": within,
-                      "of": len(cases)}))
+    print(json.dumps({"cases": cases, "mean_abs_error": round(statistics.mean(errs), 4),
+                      "within_15pct": sum(e <= 0.15 for e in errs), "of": len(cases),
+                      "machine_cores": psutil.cpu_count()}))
 
 
 if __name__ == "__main__":

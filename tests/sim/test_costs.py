@@ -87,3 +87,17 @@ def test_cost_models_import_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_host_processor_sharing():
+    from trainscale.sim.host import outside_threads, share_per_thread, shared_step_s, slowdown_at, thread_slowdown
+
+    share = share_per_thread(cpu_s=0.25, wall_s=0.5, threads=1)
+    assert share == pytest.approx(0.5) and thread_slowdown(share) == pytest.approx(2.0)
+    assert share_per_thread(cpu_s=0.9, wall_s=0.5, threads=2) == pytest.approx(0.9)
+    assert outside_threads(0.5, threads=1, cores=2) == pytest.approx(3.0)  # 2 / (1 + 3) = 0.5
+    assert outside_threads(0.99, threads=1, cores=2) == 0.0  # not held back: others fit in the spare core
+    assert slowdown_at(4, 1, 2, outside=3.0) == pytest.approx(3.5)
+    assert slowdown_at(1, 1, 2, outside=0.0) == 1.0
+    assert shared_step_s(cpu_s=0.28, threads=1, slowdown=2.0) == pytest.approx(0.56)
+    assert shared_step_s(cpu_s=0.28, threads=2, slowdown=1.0) == pytest.approx(0.14)

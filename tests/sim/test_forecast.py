@@ -27,11 +27,24 @@ def test_no_overlap_step_is_compute_plus_allreduce():
     assert p.efficiency == pytest.approx(0.1 / 0.105)
 
 
-def test_cpu_contention_scales_compute():
-    job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0])
-    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, contention={4: 2.0}, fitted={4: AlphaBeta(0.0, 0.0)})
+def test_cpu_host_step_is_cpu_demand_at_the_sharing_slowdown():
+    # 1-process step: 0.1 s compute + 0.1 s loop, 0.2 CPU s, measured on a free core. At P=4 the probe saw each
+    # rank get half a core (slow-down 2); Gloo costs 1 ms of CPU and 1 ms of wall per all-reduce.
+    job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0], cpu_s=0.2)
+    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
+                      comm_cpu={4: AlphaBeta(1e-3, 0.0)})
     p = forecast(job, cluster, Strategy(), [4])[0]
-    assert p.compute_s == pytest.approx(0.4)  # (0.1 compute + 0.1 optimizer/loop) x 2
+    # critical path 0.2 x 2 + 1 ms exposed = 0.401 s; CPU demand (0.2 + 0.001) x 2 = 0.402 s wins
+    assert p.step_time_s == pytest.approx(0.402)
+    assert p.compute_s == pytest.approx(0.4) and p.comm_exposed_s == pytest.approx(0.002)
+    assert p.straggler_s == 0.0 and p.bound == "compute"
+    # the same step measured at half a core already (core_share 0.5): compute is not slowed twice
+    loaded = Job("j", params=10, batch_size=1, step_s=0.4, compute_s=0.2, tensor_bytes=[40.0], cpu_s=0.2,
+                 core_share=0.5)
+    assert forecast(loaded, cluster, Strategy(), [4])[0].step_time_s == pytest.approx(0.402)
+    # no probe at P=4: processor sharing of 4 threads on 2 cores, nobody else (slow-down 2 again)
+    cluster.share = {}
+    assert forecast(job, cluster, Strategy(), [4])[0].step_time_s == pytest.approx(0.402)
 
 
 def test_catalog_errors_name_what_is_accepted():

@@ -53,6 +53,9 @@ def test_calibrate_then_plan_tiny_job(tmp_path):
     assert r.rc == 0, r.err
     data = json.loads(cal.read_text())
     assert data["allreduce"]["2"]["alpha"] >= 0 and "residual" in data["allreduce"]["2"]
+    # what the CPU-host model stands on: Gloo's CPU per all-reduce, the core share at P, CPU seconds per step
+    assert data["allreduce"]["2"]["cpu_alpha"] >= 0 and data["allreduce"]["2"]["cpu_beta"] >= 0
+    assert 0 < data["share"]["2"] <= 1.0 and all(v["cpu_s"] > 0 for v in data["single"].values())
     r = run_cli(["plan", "--calibration", str(cal), "--nproc", "1,2", "--json", str(tmp_path / "p.json"),
                  "--out", str(tmp_path / "plan"), *train], timeout=60)
     assert r.rc == 0, r.err

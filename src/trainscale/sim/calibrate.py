@@ -2,8 +2,9 @@
 
 1. the job's gradient tensors (sizes in backward order), buffers and FLOPs, from the model itself;
 2. its 1-process step (``trainscale train --nproc 1 --job.threads T``) at each thread count a rank will get;
-3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept) and
-   how much P ranks computing at once slow each other, in one ``trainscale launch`` of :mod:`.probe`.
+3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept, and
+   its CPU seconds fitted the same way) and the share of a core each of P busy ranks gets on this host now,
+   in one ``trainscale launch`` of :mod:`.probe`.
 
 Example::
 
@@ -59,12 +60,12 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
             "flops_per_step": float(fc.get_total_flops()), "job": job_key(config_to_dict(cfg))}
 
 
-def _probe(nproc: int, train_args: list[str], timeout: float) -> dict[str, Any]:
+def _probe(nproc: int, timeout: float) -> dict[str, Any]:
     """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun)."""
     with tempfile.TemporaryDirectory(prefix="trainscale-probe-") as tmp:
         out = Path(tmp) / "probe.json"
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), "-m",
-               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--train-args", json.dumps(train_args)]
+               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -79,7 +80,7 @@ def _probe(nproc: int, train_args: list[str], timeout: float) -> dict[str, Any]:
 
 
 def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -> tuple[dict[str, float], str]:
-    """The 1-process run at ``threads`` threads: its median step, compute and compute spread."""
+    """The 1-process run at ``threads`` threads: its median step, compute, compute spread and CPU per step."""
     from ..lab.runner import RunSpec, run_train
 
     spec = RunSpec(1, [*train_args, "--job.threads", str(threads)], folder / f"single_t{threads}.json",
@@ -88,7 +89,10 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
     compute = float(s["rank_compute_s"][0])
     spread = float((s.get("rank_compute_spread") or [0.0])[0] or 0.0)
     return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread,
-            "samples_per_s": float(s["samples_per_s"]), "threads": threads}, spec.shell()
+            "samples_per_s": float(s["samples_per_s"]), "threads": threads,
+            # CPU seconds against the mean wall of the same steps: the share of a core the run got.
+            "cpu_s": float((s.get("rank_cpu_s") or [0.0])[0] or 0.0),
+            "mean_step_s": float(s["global_batch"]) / float(s["samples_per_s"])}, spec.shell()
 
 
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
@@ -112,26 +116,22 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             say(f"calibrate: 1 process, {t} thread(s)")
             single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
             commands.append(cmd)
-    allreduce, contention, lockstep = {}, {}, {}
+    allreduce, share = {}, {}
     for p in (n for n in nprocs if n > 1):
-        say(f"calibrate: all-reduce and shared compute on {p} processes")
-        d = _probe(p, train_args, timeout)
+        say(f"calibrate: all-reduce and CPU share on {p} processes")
+        d = _probe(p, timeout)
         ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
+        cpu, _ = fit_alpha_beta([tuple(x) for x in d["allreduce_cpu"]])
         allreduce[str(p)] = {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
-                             "threads": d.get("threads")}
-        if d.get("compute_alone_s"):
-            # More ranks than cores: ranks are time-sliced and a step waits for the last slice of its slowest
-            # rank, which the lock-step measures. A core each: ranks run free, the fair-share ratio holds and
-            # the straggler model adds the noise.
-            oversubscribed = p * max(1, n_cores // p) > n_cores
-            key = "compute_lockstep_s" if oversubscribed and d.get("compute_lockstep_s") else "compute_together_s"
-            contention[str(p)] = max(1.0, d[key] / d["compute_alone_s"])
-            lockstep[str(p)] = oversubscribed
+                             "threads": d.get("threads"), "cpu_alpha": cpu.alpha, "cpu_beta": cpu.beta,
+                             "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
+        share[str(p)] = float(d["share"])
         commands.append(d["command"])
         say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
-            f"residual {resid:.0%}, compute slow-down {contention.get(str(p), 1.0):.2f}x")
+            f"residual {resid:.0%}, CPU {cpu.alpha * 1e6:.0f} us + {cpu.beta * 1e9:.3f} ns/B per call, "
+            f"core share {share[str(p)]:.2f}")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
-                      layout["flops_per_step"], n_cores, single, allreduce, contention,
-                      lockstep=lockstep, machine=f"{platform.node()}, {n_cores} cores", commands=commands)
+                      layout["flops_per_step"], n_cores, single, allreduce, share,
+                      machine=f"{platform.node()}, {n_cores} cores", commands=commands)
     cal.save(out)
     return cal

@@ -19,10 +19,11 @@ from typing import Any
 from ..config import ConfigError
 from .collectives import AlphaBeta
 from .forecast import Cluster, Job
+from .host import outside_threads, share_per_thread
 
 __all__ = ["Calibration", "fit_alpha_beta", "job_key", "SCHEMA"]
 
-SCHEMA = "trainscale.plan.calibration/1"
+SCHEMA = "trainscale.plan.calibration/2"  # 2: CPU seconds and core shares replace contention ratios
 # The options that change a step's compute or its gradients: a calibration answers only for these.
 KEY_FIELDS = ("model.name", "model.width", "model.depth", "data.name", "data.batch_size", "data.image_size",
               "data.channels", "data.num_classes", "strategy.amp", "strategy.grad_accum", "optim.name")
@@ -64,10 +65,9 @@ class Calibration:
     buffer_bytes: float                  # buffers DDP broadcasts every forward
     flops_per_step: float                # forward + backward FLOPs of one device's batch (torch flop counter)
     cores: int                           # cores the ranks share
-    single: dict[str, dict[str, float]]  # threads -> {step_s, compute_s, spread, samples_per_s}
-    allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, residual, points}
-    contention: dict[str, float] = field(default_factory=dict)          # P -> compute together / alone
-    lockstep: dict[str, bool] = field(default_factory=dict)             # P -> contention includes the slowest rank
+    single: dict[str, dict[str, float]]  # threads -> {step_s, compute_s, spread, samples_per_s, cpu_s, mean_step_s}
+    allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, cpu_alpha, cpu_beta, ...}
+    share: dict[str, float] = field(default_factory=dict)               # P -> core share of each of P busy ranks
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -110,12 +110,17 @@ class Calibration:
         s = self.single[str(t)]
         return Job(str(self.job.get("model.name")), self.params, int(self.job.get("data.batch_size") or 1),
                    s["step_s"], s["compute_s"], spread=s.get("spread", 0.0), tensor_bytes=list(self.tensor_bytes),
-                   buffer_bytes=self.buffer_bytes)
+                   buffer_bytes=self.buffer_bytes, cpu_s=s.get("cpu_s", 0.0), threads=t,
+                   core_share=share_per_thread(s.get("cpu_s", 0.0), s.get("mean_step_s", s["step_s"]), t))
 
     def cluster(self, nproc_max: int = 1) -> Cluster:
-        """This machine as a cluster: measured all-reduce fits, contention and per-thread-count jobs."""
+        """This machine as a cluster: all-reduce time and CPU fits, core shares and per-thread-count jobs."""
         fitted = {int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in self.allreduce.items()}
+        cpu = {int(p): AlphaBeta(v.get("cpu_alpha", 0.0), v.get("cpu_beta", 0.0)) for p, v in self.allreduce.items()}
         single = {int(t): self.base_job(int(t)) for t in self.single}
-        return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted,
-                       contention={int(p): float(v) for p, v in self.contention.items()}, single=single,
-                       cores=self.cores, lockstep={int(p) for p, v in self.lockstep.items() if v})
+        # Other programs' runnable threads, from the 1-process run with the fewest threads: extrapolates the
+        # core share to process counts the probe did not run.
+        one = single[min(single)]
+        return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted, comm_cpu=cpu,
+                       share={int(p): float(v) for p, v in self.share.items()}, single=single, cores=self.cores,
+                       outside=outside_threads(one.core_share, one.threads, self.cores))

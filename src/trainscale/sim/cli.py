@@ -286,7 +286,8 @@ def main(argv: list[str]) -> int:
         missing = [w for w in worlds if w > 1 and str(w) not in cal.allreduce]
         job = cal.base_job(cal.cores)
         assumptions.update({"machine": cal.machine, "calibrated_nproc": sorted(int(p) for p in cal.allreduce),
-                            "extrapolated_nproc": missing, "contention": cal.contention})
+                            "extrapolated_nproc": missing, "core_share": cal.share,
+                            "outside_threads": round(cluster.outside, 2)})
         title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
     points = forecast(job, cluster, strategy, worlds)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)

@@ -19,6 +19,7 @@ from typing import Any
 from ..config import ConfigError
 from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
 from .hardware import Link, catalog, link
+from .host import shared_step_s, slowdown_at, thread_slowdown
 from .order_stats import expected_max_normal, ps_update_time, sigma_from_spread
 from .step import (compressed_bytes, exposed_comm, input_bound_step, make_buckets, pipeline_bubble,
                    profile_tensors, ready_at)
@@ -45,6 +46,9 @@ class Job:
     tensor_costs: list[float] | None = None  # each tensor's share of backward time (None: by bytes)
     buffer_bytes: float = 0.0       # buffers broadcast from rank 0 every forward (BatchNorm statistics)
     input_samples_per_s: float | None = None  # one device's input pipeline rate (None: not a bound)
+    cpu_s: float = 0.0              # CPU host: process CPU seconds per step, all threads (0: not measured)
+    threads: int = 1                # CPU host: intra-op threads of the measured step
+    core_share: float = 1.0         # CPU host: share of a core each thread got while measured (sharing slow-down)
 
     def __post_init__(self) -> None:
         if not self.tensor_bytes:
@@ -64,12 +68,13 @@ class Cluster:
     inter: Link | None = None                 # between nodes
     base_lat_s: float = 8.4e-6                # NCCL baseLat Ring/Simple
     net_efficiency: float = 0.9               # share of the NIC's line rate a ring reaches
-    device: str = "gpu"                       # gpu: compute unchanged by P; cpu: contention factor per P
+    device: str = "gpu"                       # gpu: compute unchanged by P; cpu: cores shared (sim/host.py)
     fitted: dict[int, AlphaBeta] = field(default_factory=dict)   # measured all-reduce per process count
-    contention: dict[int, float] = field(default_factory=dict)   # measured compute slow-down per process count
+    comm_cpu: dict[int, AlphaBeta] = field(default_factory=dict)  # CPU host: CPU seconds per all-reduce per rank
+    share: dict[int, float] = field(default_factory=dict)        # CPU host: core share of each of P busy ranks
     single: dict[int, Job] = field(default_factory=dict)         # CPU host: the 1-process job per thread count
     cores: int = 0                            # CPU host: cores shared by the ranks
-    lockstep: set[int] = field(default_factory=set)  # CPU host: P whose contention includes the slowest rank
+    outside: float = 0.0                      # CPU host: other programs' runnable threads (extrapolation)
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
 
@@ -117,13 +122,24 @@ class Cluster:
                               self.inter.hop_s, self.base_lat_s)
 
     def job_at(self, job: Job, world: int) -> tuple[Job, float]:
-        """(the 1-device job as each of ``world`` ranks runs it, compute slow-down from sharing the host)."""
+        """(the 1-device job as each of ``world`` ranks runs it, per-thread slow-down from sharing the host).
+
+        The slow-down is against a free core: measured by the probe at ``world`` ranks, else processor sharing
+        with the other programs' threads seen during calibration (sim/host.py).
+        """
         if self.device != "cpu":
             return job, 1.0
         threads = max(1, self.cores // min(world, self.gpus_per_node)) if self.cores else 1
         base = self.single.get(threads, job)
-        factor = self.contention.get(world, max(1.0, world * threads / self.cores) if self.cores else 1.0)
-        return base, factor
+        if world in self.share:
+            return base, thread_slowdown(self.share[world])
+        return base, slowdown_at(world, base.threads, self.cores or 1, self.outside)
+
+    def comm_cpu_s(self, nbytes: float, world: int) -> float:
+        """CPU seconds one rank spends in an all-reduce of ``nbytes`` (0 where not measured)."""
+        if world <= 1 or nbytes <= 0 or not self.comm_cpu:
+            return 0.0
+        return self.comm_cpu.get(world, self.comm_cpu[max(self.comm_cpu)]).time(nbytes)
 
 
 def topo_link(topo: Topology, nominal: Link) -> Link:
@@ -216,12 +232,13 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
     """One world size (without speed-up, filled in by ``forecast``)."""
     base, slow = cluster.job_at(job, world)
     nodes = max(1, math.ceil(world / cluster.gpus_per_node))
-    compute = base.compute_s * slow
-    other = max(0.0, base.step_s - base.compute_s) * slow
+    # The 1-device step was measured at its own sharing slow-down; each thread now runs ``slow`` times slower.
+    rel = slow / thread_slowdown(base.core_share)
+    compute = base.compute_s * rel
+    other = max(0.0, base.step_s - base.compute_s) * rel
     sigma = sigma_from_spread(base.spread, compute)
-    straggler = sigma * expected_max_normal(world)
-    if world in cluster.lockstep:
-        straggler = 0.0  # the lock-step probe measured the slowest rank's compute already: not counted twice
+    # On a time-shared host the sharing model gives the step; its noise is the sharing, not counted twice.
+    straggler = sigma * expected_max_normal(world) if slow <= 1.0 else 0.0
     bubble = 0.0
     dp = world
     tensor_bytes, costs = list(base.tensor_bytes), base.tensor_costs
@@ -246,13 +263,13 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
         return _ps_point(base, cluster, s, world, nodes, compute + other, sigma)
     buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
     backward = compute * base.backward_share
-    # A CPU host whose cores are all busy computing has none left for the all-reduce threads: no overlap.
-    busy = cluster.device == "cpu" and cluster.cores and world * max(1, cluster.cores // world) >= cluster.cores
-    overlap = s.overlap and not busy
-    exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, costs), t_of, backward, overlap)
+    exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, costs), t_of, backward,
+                                  s.overlap)
+    comm_cpu = sum(cluster.comm_cpu_s(b * ratio, dp) for b in buckets)
     if base.buffer_bytes and dp > 1:
         b = cluster.allreduce_s(base.buffer_bytes, dp) / 2  # a broadcast moves half an all-reduce
         exposed, total = exposed + b, total + b
+        comm_cpu += cluster.comm_cpu_s(base.buffer_bytes, dp) / 2
     if s.local_sgd_period:
         avg = t_of(sum(tensor_bytes)) / s.local_sgd_period  # one parameter average every H steps, not hidden
         exposed, total = avg, avg
@@ -261,6 +278,14 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
         exposed, total = exposed + gather, total + gather
     exposed += codec
     step = compute + other + exposed + bubble + straggler
+    if cluster.device == "cpu" and base.cpu_s and not s.local_sgd_period:
+        # A CPU host: Gloo's work takes cycles from the compute (overlap is not free), so a rank needs its
+        # whole CPU time at the sharing slow-down; the step is that or the critical path, whichever is longer.
+        demand = shared_step_s(base.cpu_s + comm_cpu, base.threads, slow)
+        if demand > step:
+            step, straggler = demand, 0.0
+            compute, other = shared_step_s(base.cpu_s, base.threads, slow), 0.0
+            exposed = shared_step_s(comm_cpu, base.threads, slow)
     input_step = input_bound_step(base.batch_size, base.input_samples_per_s)
     parts = {"compute": compute + other, "communication": exposed, "bubble": bubble, "straggler": straggler}
     bound = "input" if input_step > step else _bound(parts)

@@ -630,6 +630,7 @@ class Run:
             "phases": merge_phase_stats([r[4] for r in per_rank], self.global_batch) if ins.plan else None,
             "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
             "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
+            "rank_cpu_s": [r[5] for r in per_rank],
             "compute_s": per_rank[0][0], "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
             "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
             "restarts": self.guard.attempt, "steps_redone": self.guard.steps_redone(self.start_step),

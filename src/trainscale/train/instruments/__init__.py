@@ -55,6 +55,9 @@ class Instruments:
         self.artefacts: dict[str, Any] = {}
         self.timeline = StepTimeline(cfg.log.timeline_steps) if cfg.log.timeline else None
         self.t_prev = time.perf_counter()
+        # Process CPU seconds (every thread: intra-op, Gloo's, the loader's) over the measured steps: what a
+        # step costs a shared CPU host, whatever share of the cores the run got (the planner's input).
+        self.cpu_s, self.cpu_prev = 0.0, time.process_time()
         self._wait = 0.0
         self.window_wait = 0.0  # data wait since the last log point (for metrics.jsonl)
 
@@ -106,7 +109,9 @@ class Instruments:
         self.clock.end_step(measured)
         if self.timeline is not None:
             self.timeline.step_done(step, self.t_prev, self._wait, now, measured)
+        cpu = time.process_time()
         if measured:
+            self.cpu_s += cpu - self.cpu_prev
             self.step_times.append(now - self.t_prev)
             self.waits.append(self._wait)
             self.marks.append(mode.phase if mode.timed else None)
@@ -121,7 +126,7 @@ class Instruments:
                 self.sleep.install()  # type: ignore[union-attr]
                 self.artefacts["sleep_times"] = self._write_sleep_times()
         self.window_wait += self._wait
-        self._wait, self.t_prev = 0.0, now
+        self._wait, self.t_prev, self.cpu_prev = 0.0, now, cpu
 
     def take_window_wait(self) -> float:
         """Data-wait seconds since the previous call (the log point's window)."""
@@ -134,7 +139,7 @@ class Instruments:
         try:
             yield
         finally:
-            self.t_prev = time.perf_counter()
+            self.t_prev, self.cpu_prev = time.perf_counter(), time.process_time()
 
     # ---- end of the run
     def finish(self, world_size: int) -> None:
@@ -151,11 +156,12 @@ class Instruments:
         return self.timeline.export(self.clock.values(), self.warm + 1)
 
     def local_stats(self) -> tuple[Any, ...]:
-        """This rank's (compute median, compute spread, step median, wait median, phases) for the summary."""
+        """This rank's (compute median, compute spread, step median, wait median, phases, mean CPU s per step)."""
         from ..summary import median_spread
         compute = self.clock.values()
         phases = local_phase_stats(self.marks, self.step_times, self.waits, compute, self.cycles) if self.plan else {}
-        return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases)
+        cpu = self.cpu_s / len(self.step_times) if self.step_times else float("nan")
+        return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases, cpu)
 
     def _write_sleep_times(self) -> str:
         path = self.out_dir / "sleep_times.json"
