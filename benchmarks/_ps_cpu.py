@@ -1,6 +1,9 @@
-"""Helper module (not a benchmark: it prints nothing). CPU seconds of the processes of a local parameter-server run, read from /proc (Linux), by role.
+"""CPU seconds of the processes of a local parameter-server run, read from /proc (Linux), by role.
 
-Helper of ``ps_scaling.py`` and ``ps_breakdown.py``; not a benchmark itself.
+Helper of ``ps_scaling.py`` and ``ps_breakdown.py``. Run on its own, it checks its /proc reader against
+``os.times()`` on this process after 0.3 s of spinning; last line: one JSON object.
+
+    python benchmarks/_ps_cpu.py
 """
 
 from __future__ import annotations
@@ -52,3 +55,21 @@ class CpuMeter:
         """CPU seconds per role since :meth:`start`."""
         after = self._read()
         return {role: after[role] - self.before[role] for role in after}
+
+
+def _self_check() -> dict:
+    """This process's CPU seconds as read from /proc and as ``os.times()`` says, after 0.3 s of spinning."""
+    import time
+
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:
+        pass
+    t = os.times()
+    proc, own = cpu_s(os.getpid()), t.user + t.system
+    return {"proc_cpu_s": proc, "os_times_cpu_s": own, "abs_diff_s": abs(proc - own), "tick_s": 1 / _TICK}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(_self_check()))
