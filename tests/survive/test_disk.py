@@ -81,10 +81,15 @@ def test_read_only_folder_mid_run(ck_folder, api_run, monkeypatch):
         def ro(*a, **k):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         monkeypatch.setattr(tempfile, "mkstemp", ro)
+    _second_save_fails(api_run, folder, monkeypatch, "Read-only file system")
+
+
+def _second_save_fails(api_run, folder, monkeypatch, reason: str) -> None:
+    """Step 2's save fails with ``reason`` in one clear error; step 1's checkpoint still loads."""
     api_run.step_count = 2
     with pytest.raises(CheckpointWriteError) as e:
         api_run.save(folder / "step_2.pt")
-    assert "Read-only file system" in str(e.value)
+    assert reason in str(e.value)
     monkeypatch.undo()
     _check_one_line_and_previous_loads(e.value, folder)
 
@@ -99,12 +104,7 @@ def test_full_folder(ck_folder, api_run, monkeypatch):
         import shutil
         real = shutil.disk_usage
         monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
-    api_run.step_count = 2
-    with pytest.raises(CheckpointWriteError) as e:
-        api_run.save(folder / "step_2.pt")
-    assert "No space left on device" in str(e.value)
-    monkeypatch.undo()
-    _check_one_line_and_previous_loads(e.value, folder)
+    _second_save_fails(api_run, folder, monkeypatch, "No space left on device")
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
 
 
