@@ -104,3 +104,19 @@ def test_a_neighbour_that_takes_the_jobs_cores_is_named_with_its_pid():
     quiet = analyse(runs_for(ONE, slow_compute), 2, {**CTX, "external": {"cores": 0.0, "machine_cores": 2}},
                     replicates=100)
     assert "external_load" not in causes(quiet)
+
+
+def test_a_neighbours_stretch_of_loading_and_exchange_is_not_blamed_on_input_or_communication():
+    """Every CPU part of the step at N is 1.475x longer (2 job threads + 0.95 outside cores on 2 cores): the input
+    and exchange terms grow as much as compute does, and that growth is the neighbour's, not theirs."""
+    one = {"base": 0.016, "no_data": 0.010, "no_comm": 0.008}  # 6 ms loading, 2 ms exchange, 8 ms compute
+    stretched = {k: v * 1.475 for k, v in one.items()}
+    hog = {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}
+    blamed = causes(analyse(runs_for(one, stretched), 2, CTX, replicates=200))
+    assert blamed["input"]["verdict"] == "clear"  # without knowing of the neighbour, loading looks slow at N
+    res = causes(analyse(runs_for(one, stretched), 2, {**CTX, "external": hog}, replicates=200))
+    assert res["input"]["verdict"] != "clear" and res["communication"]["verdict"] != "clear", res
+    assert res["external_load"]["verdict"] == "clear"
+    # All of the stretch (16 ms x 0.475 = 7.6 ms) is the neighbour's and counted once.
+    assert abs(res["external_load"]["seconds_per_step"] - 0.0076) < 0.001, res["external_load"]
+    assert "input" in res["external_load"]["evidence"] and "communication" in res["external_load"]["evidence"]

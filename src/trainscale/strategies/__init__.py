@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -19,12 +19,21 @@ from .comm import CommMeter, ring_bytes
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .hooks import CommHooks
 from .local_sgd import ModelAveraging, apply_local_sgd
-from .pipeline import Pipeline
 from .zero import apply_zero, optimizer_state_bytes, optimizer_state_dict
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
 
 __all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
            "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter", "ring_bytes",
            "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Pipeline":  # imported on first use, as above
+        from .pipeline import Pipeline
+        return Pipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Strategy:
@@ -202,6 +211,8 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
 def apply_pipeline(model: nn.Module, env: DistEnv, cfg: StrategyConfig, autocast: Callable[[], ContextManager],
                    scaler: torch.amp.GradScaler, layers: list[str] | None) -> Strategy:
     """Pipeline (x data) parallelism: the stages are cut at the first step; DDP averages over the replica group."""
+    from .pipeline import Pipeline  # torch.distributed.pipelining costs ~2 s of import in every rank: only when used
+
     pipe = Pipeline(model, env, cfg, autocast, layers)
     p = Strategy(model, model, autocast, scaler, CommMeter(), pipe.replicas, cfg.overlap)
     p.pipe, p.group = pipe, pipe.dp_group
