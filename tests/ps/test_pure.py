@@ -99,3 +99,36 @@ def test_config_errors(argv, key):
     with pytest.raises(ConfigError) as e:
         load_config(argv)
     assert str(e.value).startswith(key) and "\n" not in str(e.value)
+
+
+class _SlowStartRay:
+    """Ray's start as a busy machine sees it: the raylet misses Ray's fixed 30 s registration window ``fails`` times."""
+
+    def __init__(self, fails: int, message: str = "The current node timed out during startup. This could happen"):
+        self.fails, self.message, self.inits, self.shutdowns = fails, message, 0, 0
+
+    def init(self, **kwargs):
+        self.inits += 1
+        if self.inits <= self.fails:
+            raise Exception(self.message)
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_a_local_ray_that_misses_its_start_window_is_started_once_more():
+    from trainscale.ps.session import _init
+
+    ray = _SlowStartRay(fails=1)
+    _init(ray, {"num_cpus": 2}, verbose=False)
+    assert (ray.inits, ray.shutdowns) == (2, 1)  # the half-started one is stopped before the second try
+    with pytest.raises(Exception, match="timed out during startup"):
+        _init(_SlowStartRay(fails=2), {"num_cpus": 2}, verbose=False)  # twice: the error, not a third try
+    other = _SlowStartRay(fails=1, message="some other failure")
+    with pytest.raises(Exception, match="some other failure"):
+        _init(other, {"num_cpus": 2}, verbose=False)
+    assert other.inits == 1  # only the start-up timeout is retried
+    joined = _SlowStartRay(fails=1)
+    with pytest.raises(Exception):
+        _init(joined, {"address": "10.0.0.1:6379"}, verbose=False)  # a cluster that is not there: no retry
+    assert joined.inits == 1

@@ -9,11 +9,28 @@ import signal
 from contextlib import contextmanager
 from typing import Iterator
 
+from ..log import logger
+
 __all__ = ["ray_session"]
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _init(ray: object, kwargs: dict, verbose: bool, tries: int = 2) -> None:
+    """ray.init, tried again once when a local start times out: Ray gives its raylet a fixed 30 s to register,
+    which a machine busy with other work can exceed (seen at load 7-9 on 2 cores)."""
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(include_dashboard=False, log_to_driver=verbose,  # type: ignore[attr-defined]
+                     logging_level=logging.INFO if verbose else logging.WARNING, **kwargs)
+            return
+        except Exception as e:  # Ray raises a bare Exception for this one
+            if "address" in kwargs or "timed out during startup" not in str(e) or attempt == tries:
+                raise
+            logger.warning("Ray did not start in time (%s); trying once more", e)
+            ray.shutdown()  # type: ignore[attr-defined]
 
 
 @contextmanager
@@ -33,9 +50,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, verbose
     try:
         if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": num_cpus or os.cpu_count() or 1}
-            ray.init(include_dashboard=False, log_to_driver=verbose,
-                     logging_level=logging.INFO if verbose else logging.WARNING, **kwargs)
             started = True
+            _init(ray, kwargs, verbose)
         yield
     finally:
         if started:
