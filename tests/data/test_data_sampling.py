@@ -72,3 +72,21 @@ def test_workers_are_not_restarted_across_epochs():
     assert loader.workers_started == 1
     assert len(set(pids)) == 2 and os.getpid() not in pids  # the same two worker processes throughout
     loader.close()
+
+
+def test_digits_are_read_from_scikit_learns_file_without_importing_it():
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from trainscale.data.datasets import load_digits_arrays
+
+    pixels, labels = load_digits_arrays()
+    d = load_digits()
+    assert np.array_equal(pixels, d.data) and np.array_equal(labels, d.target) and pixels.shape == (1797, 64)
+    fresh = subprocess.run([sys.executable, "-c", "import sys; from trainscale.data.datasets import "
+                            "load_digits_arrays; load_digits_arrays(); print('sklearn' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.strip() == "False", fresh.stderr[-2000:]  # ~3 s of import saved in every rank
