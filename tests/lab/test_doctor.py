@@ -19,6 +19,11 @@ JOB = ["--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
+# Planted faults are large: two repeats name them (``--budget 1`` stops the sequential repeats there, halving the
+# launches). The clean job keeps the default budget: repeating while a cause is undecided is what keeps it clean.
+PLANTED = ("--budget", "1")
+
+
 def doctor(tmp_path, *args, timeout=840):
     out = tmp_path / "doc"
     r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--cycles", "4", "--out", str(out), *JOB, *args],
@@ -40,7 +45,7 @@ def first(doc):
 
 @pytest.mark.timeout(900)
 def test_slow_input_pipeline_is_named_first(tmp_path):
-    doc, r = doctor(tmp_path, "--quick", "--data.sample_delay_ms", "1.5", "--batch-size", "16")
+    doc, r = doctor(tmp_path, *PLANTED, "--quick", "--data.sample_delay_ms", "1.5", "--batch-size", "16")
     top = first(doc)
     assert top["name"] == "input", doc["causes"]
     assert top["share"] > 0.5 and "data.sample_delay_ms" in top["suggestion"]
@@ -48,7 +53,7 @@ def test_slow_input_pipeline_is_named_first(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_tiny_buckets_are_named_and_apply_measures_the_gain(tmp_path):
-    doc, r = doctor(tmp_path, "--quick", "--apply", "--strategy.bucket_mb", "0", "--model.depth", "16",
+    doc, r = doctor(tmp_path, *PLANTED, "--quick", "--apply", "--strategy.bucket_mb", "0", "--model.depth", "16",
                     "--model.width", "64")
     top = first(doc)
     assert top["name"] == "communication", doc["causes"]
@@ -90,8 +95,8 @@ def _check_report(out, doc):
 
 @pytest.mark.timeout(900)
 def test_straggler_is_named_by_rank(tmp_path):
-    doc, r = doctor(tmp_path, "--quick", "--job.slow_rank", "1", "--job.slow_factor", "5", "--model.width", "256",
-                    "--batch-size", "64")
+    doc, r = doctor(tmp_path, *PLANTED, "--quick", "--job.slow_rank", "1", "--job.slow_factor", "5",
+                    "--model.width", "256", "--batch-size", "64")
     top = first(doc)
     assert top["name"] == "straggler" and top["rank"] == 1, doc["causes"]
     assert "straggler (rank 1)" in r.out
@@ -99,7 +104,7 @@ def test_straggler_is_named_by_rank(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_operator_slow_only_on_several_processes_is_named(tmp_path):
-    doc, r = doctor(tmp_path, "--model.name", "planted_models:slow_op_mlp")
+    doc, r = doctor(tmp_path, *PLANTED, "--model.name", "planted_models:slow_op_mlp")
     top = first(doc)
     assert top["name"] == "slow_operator", doc["causes"]
     assert top["operator"] == "aten::sort"

@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 @pytest.mark.timeout(900)
 def test_doctor_names_the_slow_input_of_a_users_script(tmp_path):
     out = tmp_path / "doc"
-    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--cycles", "4", "--quick", "--out", str(out), "--job.threads", "1",
-                 "--", "python", str(EXAMPLE), "--slow-input-ms", "3", "--batch-size", "16"], timeout=840)
+    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--budget", "1", "--cycles", "4", "--quick",
+                 "--out", str(out), "--job.threads", "1", "--", "python", str(EXAMPLE), "--slow-input-ms", "3",
+                 "--batch-size", "16"], timeout=840)
     assert r.rc == 0, r.text
     doc = read_json(out / "doctor.json")
     top = doc["causes"][0]

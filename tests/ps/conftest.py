@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ps tests need Ray (pip install trainscale[ps])")
@@ -12,7 +10,9 @@ ray = pytest.importorskip("ray", reason="the ps tests need Ray (pip install trai
 @pytest.fixture(scope="session")
 def ray_local():
     """A small local Ray: 2 CPUs, no dashboard; shut down at the end of the session."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    from trainscale.ps.session import _init
+
+    _init(ray, {"num_cpus": 2}, verbose=False)  # the product's start, with its one retry on a busy machine
     try:
         yield ray
     finally:
