@@ -48,7 +48,9 @@ def test_reported_bucket_count_equals_allreduce_calls_issued(one_rank_group, buc
 def test_summary_reports_calls_per_step(tmp_path):
     common = ["--model", "resnet18", "--model.width", "4", "--data", "synthetic", "--data.image_size", "8",
               "--steps", "3", "--batch-size", "4", "--data.eval_size", "0", *FAST]
-    for bucket, overlap, expected in (("0", "true", 62), ("25", "true", 1), ("0", "false", 62)):
+    # Overlapped, DDP's buckets (the hook test above counts those per bucket size); not overlapped, the exchange
+    # after backward issues its own calls.
+    for bucket, overlap, expected in (("25", "true", 1), ("0", "false", 62)):
         out = tmp_path / f"{bucket}-{overlap}.json"
         r = run_cli(["train", "--nproc", "2", "--strategy.bucket_mb", bucket, "--strategy.overlap", overlap,
                      "--json", str(out), *common], timeout=100)
