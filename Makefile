@@ -23,8 +23,9 @@ $(VENV)/.full: $(VENV)/.base
 demo: $(VENV)/.base
 	$(BIN)/trainscale train --nproc 2
 
+# --durations=25 lists the slowest tests: the suite must stay within 30 minutes on a 2-core machine.
 test: $(VENV)/.full
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
