@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from clitools import FAST
-from trainscale.config import DataConfig
-from trainscale.data import DeviceNormalize, ShardedSampler, build_datasets
-from trainscale.models import build_model
+from reference import one_process_sgd
 
 STEPS, GLOBAL_BATCH, LR, WIDTH, DEPTH = 6, 16, 0.1, 32, 3  # depth 3: 4 layers, enough for 4 stages
 COMMON = ["--model.name", "mlp", "--model.width", str(WIDTH), "--model.depth", str(DEPTH), "--data.name", "digits",
@@ -19,21 +17,7 @@ ATOL, RTOL = 1e-5, 1e-5
 
 def reference(steps: int = STEPS, global_batch: int = GLOBAL_BATCH) -> tuple[dict[str, torch.Tensor], list[float]]:
     """One process, plain PyTorch, the whole batch at once: (final weights, loss of every step)."""
-    torch.manual_seed(0)
-    train, _, info = build_datasets(DataConfig(name="digits"))
-    model = build_model("mlp", info.in_shape, info.num_classes, width=WIDTH, depth=DEPTH)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    order = list(ShardedSampler(len(train), 0, 1, shuffle=True, seed=0))
-    norm = DeviceNormalize(info, torch.device("cpu"))
-    losses = []
-    for step in range(steps):
-        x, y = norm(train.__getitems__(order[step * global_batch:(step + 1) * global_batch]))
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return model.state_dict(), losses
+    return one_process_sgd(steps, global_batch, LR, WIDTH, depth=DEPTH)
 
 
 def assert_same_training(weights: dict, summary: dict, want: tuple[dict, list[float]], what: str) -> None:

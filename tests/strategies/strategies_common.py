@@ -8,9 +8,7 @@ from pathlib import Path
 import torch
 
 from clitools import FAST, run_cli
-from trainscale.config import DataConfig
-from trainscale.data import DeviceNormalize, ShardedSampler, build_datasets
-from trainscale.models import build_model
+from reference import one_process_sgd
 
 STEPS, GLOBAL_BATCH, LR, WIDTH = 6, 16, 0.1, 32
 COMMON = ["--model", "mlp", "--model.width", str(WIDTH), "--data", "digits", "--steps", str(STEPS),
@@ -23,19 +21,7 @@ ATOL, RTOL = 2e-6, 1e-5
 
 def reference_weights(steps: int = STEPS, global_batch: int = GLOBAL_BATCH) -> dict[str, torch.Tensor]:
     """One process, plain PyTorch: what synchronous data parallelism must reproduce."""
-    torch.manual_seed(0)
-    train, _, info = build_datasets(DataConfig(name="digits"))
-    model = build_model("mlp", info.in_shape, info.num_classes, width=WIDTH)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    order = list(ShardedSampler(len(train), 0, 1, shuffle=True, seed=0))
-    norm = DeviceNormalize(info, torch.device("cpu"))
-    for step in range(steps):
-        x, y = norm(train.__getitems__(order[step * global_batch:(step + 1) * global_batch]))
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.state_dict()
+    return one_process_sgd(steps, global_batch, LR, WIDTH)[0]
 
 
 def train(tmp: Path, nproc: int, *extra: str, timeout: float = 150) -> tuple[dict[str, torch.Tensor], dict]:
