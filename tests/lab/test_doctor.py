@@ -19,8 +19,9 @@ JOB = ["--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-# Planted faults are large: two repeats name them (``--budget 1`` stops the sequential repeats there, halving the
-# launches). The clean job keeps the default budget: repeating while a cause is undecided is what keeps it clean.
+# Planted faults (and a CPU hog) are large: two repeats name them (``--budget 1`` stops the sequential repeats
+# there, halving the launches). The clean job keeps the default budget: repeating while a cause is undecided is
+# what keeps it clean.
 PLANTED = ("--budget", "1")
 
 
@@ -129,8 +130,8 @@ def test_a_busy_neighbour_is_named_with_its_pid_on_the_default_job(tmp_path):
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         out = tmp_path / "doc"
-        r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--cycles", "4", "--quick", "--out", str(out)],
-                    timeout=840, env=ENV)
+        r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", *PLANTED, "--cycles", "4", "--quick",
+                     "--out", str(out)], timeout=840, env=ENV)
     finally:
         hog.kill()
         hog.wait()

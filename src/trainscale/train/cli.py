@@ -178,9 +178,9 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale train``."""
+    args, cfg = parse(argv)  # before torch is imported: bad input is answered in a fraction of a second
     from ..distributed.env import is_launched
 
-    args, cfg = parse(argv)
     if args.print_config:
         print(config_to_toml(cfg))
         return 0
