@@ -27,11 +27,10 @@ def reference():
 
 
 @pytest.mark.timeout(180)
-# The run API's own paths: overlapped DDP, the exchange after backward, accumulation (bucket sizes are the same
-# Strategy as `trainscale train`'s, checked in tests/test_ddp_parity.py).
 @pytest.mark.parametrize("overrides", [
-    [], ["--strategy.overlap", "false"], ["--strategy.grad_accum", "2", "--data.batch_size", str(BATCH // 2)],
-], ids=["default", "no-overlap", "grad-accum-2"])
+    [], ["--strategy.bucket_mb", "0"], ["--strategy.overlap", "false"],
+    ["--strategy.grad_accum", "2", "--data.batch_size", str(BATCH // 2)],
+], ids=["default", "per-tensor", "no-overlap", "grad-accum-2"])
 def test_users_loop_on_two_processes_equals_one_plain_process(tmp_path, reference, overrides):
     r = launch(SCRIPT, str(tmp_path / "w.pt"), overrides=overrides)
     assert r.rc == 0, r.text
