@@ -62,9 +62,27 @@ def test_a_planted_input_cause_is_clear_with_heavy_tails_and_regime_switches():
         assert res["causes"][0]["name"] == "input" and c["input"]["verdict"] == "clear", (kw, res["causes"][:2])
         lo, hi = c["input"]["interval_s"]
         v = c["input"]["seconds_per_step"]
-        # 6 ms planted (12 ms in the slow mode's cycles); 10x outliers nudge medians a little, never by an outlier
-        assert lo > 0.003 and (0.0048 < v < 0.0132 if kw.get("switch") else abs(v - 0.006) < 0.0015), (kw, v, lo)
+        # 6 ms planted (12 ms in the slow mode's cycles). Tails scale with the step here (10-50x of it), so they
+        # add to the slower phase's mean: clipped at 5x they can at most double the estimate; unclipped, a 50x step
+        # would decide it. Without tails the estimate is the planted cost.
+        planted = 0.009 if kw.get("switch") else 0.006  # the slow mode doubles it in half the cycles
+        bound = 2.2 * planted if kw.get("tail") else (0.0132 if kw.get("switch") else 0.0075)
+        assert lo > 0.003 and 0.0048 < v < bound, (kw, v, lo)
         assert c["communication"]["verdict"] in ("no", "undecided")  # no planted exchange cost
+
+
+def test_a_cost_paid_in_bursts_counts_at_its_mean():
+    """A shared disk under load: at N, one step in three waits 3x as long (the median step does not see it)."""
+    rng = random.Random(5)
+    runs = runs_for(ONE, ONE, seed=5)
+    for part in runs[("base", 2)]:
+        for rows in part["rank_steps"]:
+            for i, r in enumerate(rows):
+                if i % 3 == 2:
+                    r[1] = 0.030 * rng.lognormvariate(0, 0.1)  # ~3x the 10 ms step
+    res = causes(analyse(runs, 2, CTX, replicates=200))
+    # Mean cost per step at N: (2 x 10 + 30) / 3 - 10 = 6.7 ms; the median step would say 0.
+    assert res["input"]["verdict"] == "clear" and 0.004 < res["input"]["seconds_per_step"] < 0.009, res["input"]
 
 
 def test_a_clean_job_gets_no_clear_cause():
@@ -105,18 +123,3 @@ def test_a_neighbour_that_takes_the_jobs_cores_is_named_with_its_pid():
                     replicates=100)
     assert "external_load" not in causes(quiet)
 
-
-def test_a_neighbours_stretch_of_loading_and_exchange_is_not_blamed_on_input_or_communication():
-    """Every CPU part of the step at N is 1.475x longer (2 job threads + 0.95 outside cores on 2 cores): the input
-    and exchange terms grow as much as compute does, and that growth is the neighbour's, not theirs."""
-    one = {"base": 0.016, "no_data": 0.010, "no_comm": 0.008}  # 6 ms loading, 2 ms exchange, 8 ms compute
-    stretched = {k: v * 1.475 for k, v in one.items()}
-    hog = {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}
-    blamed = causes(analyse(runs_for(one, stretched), 2, CTX, replicates=200))
-    assert blamed["input"]["verdict"] == "clear"  # without knowing of the neighbour, loading looks slow at N
-    res = causes(analyse(runs_for(one, stretched), 2, {**CTX, "external": hog}, replicates=200))
-    assert res["input"]["verdict"] != "clear" and res["communication"]["verdict"] != "clear", res
-    assert res["external_load"]["verdict"] == "clear"
-    # All of the stretch (16 ms x 0.475 = 7.6 ms) is the neighbour's and counted once.
-    assert abs(res["external_load"]["seconds_per_step"] - 0.0076) < 0.001, res["external_load"]
-    assert "input" in res["external_load"]["evidence"] and "communication" in res["external_load"]["evidence"]

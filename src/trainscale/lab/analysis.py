@@ -16,7 +16,9 @@ The straggler is the slowest rank's extra compute in the base configuration (the
 part of it that appears only with data or communication on is taken out of those two terms, so the sum holds.
 
 The configurations are the phases of one run (``ablate.phases``), so each difference is paired. Job time of
-a phase is its slowest rank's median step time (ranks without communication are decoupled).
+a phase is its slowest rank's step time (ranks without communication are decoupled): the median over cycles
+of each cycle's mean step, steps clipped at 5x the median (``stats.block_step_time``), so that a cost paid
+in bursts counts at its mean and a VM's 10-50x hiccup cannot decide it.
 Every term is computed per repeat; its value is the median over repeats; its noise is twice the standard error
 of the medians it is made of (from each phase's own step-to-step spread), the largest over repeats. A cause is
 significant when every repeat exceeds its noise (``low_s`` > 0) and it is at least ``min_share`` of the loss
@@ -206,10 +208,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
             "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
             f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
-    # The N-process time of each term's own work, which a neighbour can stretch (input's loading, Gloo's exchange).
-    external_load(causes, ctx, n, loss, base_n, runs[("base", 1)][0],
-                  {"compute_interference": cn, "input": [bn[i] - dn[i] for i in range(R)],
-                   "communication": [dn[i] - cn[i] for i in range(R)]})
+    external_load(causes, ctx, n, base_n, runs[("base", 1)][0], cn)
     return causes, {"loss": loss, "loss_noise": loss_noise, "loss_low": loss_low, "t1": t1, "tn": tn, "R": R}
 
 
@@ -225,9 +224,9 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15,
     ``ctx`` carries what suggestions need (bucket_mb, overlap, workers, slow_rank, strategy fields) and
     ``external``: what else loaded the machine while the runs went (``neighbours.LoadMonitor``).
     """
-    from .bootstrap import bootstrap, interval, outlier_count, verdict
+    from .bootstrap import block_times, bootstrap, interval, outlier_count, verdict
 
-    causes, tot = _causes(runs, n, ctx, profiles, threads)
+    causes, tot = _causes(block_times(runs), n, ctx, profiles, threads)
     loss, tn = tot["loss"], tot["tn"]
     phased = any(p.get("rank_steps") for parts in runs.values() for p in parts)
     boot: dict[str, list[float]] = {}
@@ -267,16 +266,15 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15,
                            "outlier_steps": outlier_count(runs)}}
 
 
-def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, loss: float, base_n: dict[str, Any],
-                  base_1: dict[str, Any], work_n: dict[str, list[float]]) -> None:
+def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_n: dict[str, Any],
+                  base_1: dict[str, Any], compute_n: list[float]) -> None:
     """Name what else used the machine when it took cores the job needed at N (not at 1).
 
     The neighbour cannot be switched off as an experiment, so the doctor reasons from what it measured: when
-    the job's N processes x threads plus the outside load exceed the cores, time-sharing stretches every part
-    of the step that runs on the CPU at N by at most f = (job's threads + outside cores) / cores. For each term
-    in ``work_n`` (cause name -> that part's N-process time per repeat: forward+backward, loading, exchange),
-    that share of it (x (1 - 1/f)), and no more than the term itself, moves to ``external_load``; what the
-    neighbour cannot explain (an operator slow only at N, a disk that serialises reads) stays where it was measured.
+    the job's N processes x threads plus the outside load exceed the cores, time-sharing stretches compute at N
+    by at most f = (job's threads + outside cores) / cores. That share of the N-process compute time
+    (``compute_n`` x (1 - 1/f)), and no more, moves from compute interference to ``external_load``; what the
+    neighbour cannot explain (an operator slow only at N, say) stays where it was measured.
     """
     ext = ctx.get("external") or {}
     cores, used = ext.get("machine_cores") or 0, ext.get("cores") or 0.0
@@ -287,33 +285,19 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, los
     if need_n + used <= cores:
         return
     f = (need_n + used) / cores
-    by_name = {c["name"]: c for c in causes}
-    ci = by_name["compute_interference"]
-    R = len(ci["per_repeat_s"])
-    moved_r = [0.0] * R
-    parts = []
-    for name, work in work_n.items():
-        c = by_name[name]
-        moved = [max(0.0, min(v, t * (1 - 1 / f))) if math.isfinite(v) else 0.0
-                 for v, t in zip(c["per_repeat_s"], work)]
-        if not any(moved):
-            continue
-        rest = [v - m for v, m in zip(c["per_repeat_s"], moved)]
-        old = c["seconds_per_step"]
-        new = statistics.median(rest)
-        c.update(seconds_per_step=new, per_repeat_s=rest, low_s=c["low_s"] - (old - new),
-                 share=new / loss if loss > 0 else float("nan"),
-                 evidence=c["evidence"] + f" ({statistics.median(moved) * 1e3:.2f} ms/step of it counted under "
-                                          "external_load)")
-        moved_r = [a + b for a, b in zip(moved_r, moved)]
-        parts.append(f"{name} {statistics.median(moved) * 1e3:.2f}")
-    value = statistics.median(moved_r) if moved_r else 0.0
+    ci = next(c for c in causes if c["name"] == "compute_interference")
+    moved = [max(0.0, min(v, t * (1 - 1 / f))) for v, t in zip(ci["per_repeat_s"], compute_n)]
+    rest = [v - m for v, m in zip(ci["per_repeat_s"], moved)]
+    value = statistics.median(moved) if moved else 0.0
     who = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in ext.get("top", [])[:3])
     evidence = (f"outside the job, {used:.2f} of this machine's {cores} cores were busy while it ran: {who}; the job "
-                f"needs {need_n} at {n} processes ({need_1} at 1), so time-sharing stretches its work at {n} up to "
-                f"{f:.2f}x: {value * 1e3:.2f} ms/step (" + (", ".join(parts) or "nothing to move") + " ms)")
-    causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": moved_r,
-                   "share": value / loss if loss > 0 else float("nan"),
+                f"needs {need_n} at {n} processes ({need_1} at 1), so time-sharing stretches its compute at {n} up to "
+                f"{f:.2f}x: {value * 1e3:.2f} ms/step")
+    causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": moved,
+                   "share": value / ci["seconds_per_step"] * ci["share"] if ci["seconds_per_step"] else float("nan"),
                    "evidence": evidence, "processes": ext.get("top", [])[:5], "apply_flags": {},
                    "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
                                  "or move the other work off this machine while training"})
+    ci.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest,
+              share=(statistics.median(rest) / ci["seconds_per_step"] * ci["share"]) if ci["seconds_per_step"] else 0.0,
+              evidence=ci["evidence"] + f" ({value * 1e3:.2f} ms/step of it counted under external_load)")

@@ -5,9 +5,10 @@ many steps in a row) and switch between modes, so a normal-theory standard error
 wrong in both directions. The doctor's runs interleave their phases in blocks (``ablate.phases``); one pass
 through every phase is a *cycle*. Resampling whole cycles with replacement (a moving-block bootstrap whose
 blocks are the design's own) keeps the pairing of phases inside a cycle and the dependence inside a block,
-and medians keep a single 10x step from moving anything.
+and each phase's step time is a median over cycles of clipped cycle means (``stats.block_step_time``), so a
+single 10x step cannot move anything while a cost paid every few steps still counts.
 
-A resampled run is the same summary with each phase's per-rank medians recomputed from the resampled steps;
+A resampled run is the same summary with each phase's per-rank step times recomputed from the resampled steps;
 the doctor's arithmetic (``analysis``) runs unchanged on it, so every cause gets a distribution.
 """
 
@@ -19,7 +20,9 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-__all__ = ["resample_runs", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
+from .stats import block_step_time
+
+__all__ = ["resample_runs", "block_times", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
 
 PHASE_KEYS = ("base", "no_data", "no_comm")
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
@@ -30,18 +33,24 @@ def _cycles(part: dict[str, Any]) -> list[int]:
     return sorted({int(r[0]) for r in rows})
 
 
-def _resampled_part(part: dict[str, Any], weights: Counter) -> dict[str, Any]:
-    """The phase summary with per-rank medians over the resampled cycles (``weights``: cycle -> times drawn)."""
+def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, Any]:
+    """The phase summary with per-rank step times (``block_step_time``) and compute medians over the resampled
+    cycles (``weights``: cycle -> times drawn; None: every cycle once)."""
     ranks = part.get("rank_steps")
     if not ranks:
         return part
     steps, comps = [], []
     for rows in ranks:
-        s = [r[1] for r in rows for _ in range(weights.get(int(r[0]), 0))]
-        c = [r[2] for r in rows for _ in range(weights.get(int(r[0]), 0)) if math.isfinite(r[2])]
-        steps.append(statistics.median(s) if s else float("nan"))
+        w = weights if weights is not None else Counter({int(r[0]): 1 for r in rows})
+        c = [r[2] for r in rows for _ in range(w.get(int(r[0]), 0)) if math.isfinite(r[2])]
+        steps.append(block_step_time(rows, w))
         comps.append(statistics.median(c) if c else float("nan"))
     return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0]}
+
+
+def block_times(runs: Runs) -> Runs:
+    """``runs`` with every phased part's per-rank step times as the replicates estimate them."""
+    return {key: [_resampled_part(p, None) for p in parts] for key, parts in runs.items()}
 
 
 def throughput(part: dict[str, Any], rng: random.Random | None = None) -> float:

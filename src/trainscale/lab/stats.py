@@ -80,6 +80,31 @@ def rel_spread(xs: Iterable[float]) -> float:
     return (max(vals) - min(vals)) / m if m else float("nan")
 
 
+# A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
+# loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
+STEP_CLIP = 5.0
+
+
+def block_step_time(rows: list[list[float]], weights: dict[int, int] | None = None) -> float:
+    """Seconds per step of one rank in one phase: the median over cycles of each cycle's mean step time.
+
+    ``rows`` are the phase's [cycle, step s, ...] rows; ``weights`` (cycle -> times drawn) is a bootstrap
+    replicate. A median of single steps hides a cost paid in bursts (a loader that waits for a shared disk
+    every other step costs the mean, not the median); a plain mean lets one hiccup decide. So steps are
+    clipped at ``STEP_CLIP`` x the phase's median, averaged per cycle, and the median taken over cycles.
+    """
+    w = weights if weights is not None else {int(r[0]): 1 for r in rows}
+    times = [r[1] for r in rows if w.get(int(r[0]), 0) and math.isfinite(r[1])]
+    if not times:
+        return float("nan")
+    cap = STEP_CLIP * statistics.median(times)
+    blocks: dict[int, list[float]] = {}
+    for r in rows:
+        if w.get(int(r[0]), 0) and math.isfinite(r[1]):
+            blocks.setdefault(int(r[0]), []).append(min(r[1], cap))
+    return statistics.median(statistics.fmean(b) for c, b in blocks.items() for _ in range(w[c]))
+
+
 def job_step_time(summary: dict[str, Any]) -> float:
     """Seconds per step of the job: its slowest rank (ranks decoupled by ablate.comm finish at different times)."""
     ranks = [t for t in summary.get("rank_step_time_s") or [] if t is not None and math.isfinite(t)]
