@@ -94,15 +94,14 @@ def block_step_time(rows: list[list[float]], weights: dict[int, int] | None = No
     clipped at ``STEP_CLIP`` x the phase's median, averaged per cycle, and the median taken over cycles.
     """
     w = weights if weights is not None else {int(r[0]): 1 for r in rows}
-    times = [r[1] for r in rows if w.get(int(r[0]), 0) and math.isfinite(r[1])]
-    if not times:
-        return float("nan")
-    cap = STEP_CLIP * statistics.median(times)
     blocks: dict[int, list[float]] = {}
     for r in rows:
         if w.get(int(r[0]), 0) and math.isfinite(r[1]):
-            blocks.setdefault(int(r[0]), []).append(min(r[1], cap))
-    return statistics.median(statistics.fmean(b) for c, b in blocks.items() for _ in range(w[c]))
+            blocks.setdefault(int(r[0]), []).append(r[1])
+    if not blocks:
+        return float("nan")
+    cap = STEP_CLIP * statistics.median(t for c, b in blocks.items() for _ in range(w[c]) for t in b)
+    return statistics.median(statistics.fmean(min(t, cap) for t in b) for c, b in blocks.items() for _ in range(w[c]))
 
 
 def job_step_time(summary: dict[str, Any]) -> float:
