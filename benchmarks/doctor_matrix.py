@@ -1,13 +1,17 @@
 """The doctor's hit rate: planted causes x background conditions, each cell repeated.
 
-Planted causes (on the tests' small job): slow input (a shared slow disk), tiny buckets, a slowed rank, and a
-clean job. Conditions: quiet; a CPU-bound process beside the job (``nice -n 10`` busy loop); a second copy of
-the same job running at the same time. A cell is a hit when the planted cause is named first with verdict
-``clear`` (for the clean job: no internal cause ``clear``; an ``external_load`` cause is allowed under load).
-Each doctor run is ``trainscale doctor --nproc 2 --repeat 2 --quick``. Last stdout line: one JSON object.
+Planted causes (on the tests' small job): slow input (a shared slow disk), tiny buckets, a slowed rank, an
+operator slow only at N processes (a sort that grows with the world size, ``tests/lab/planted_models.py``), and
+a clean job. Conditions: quiet; a CPU-bound process beside the job (``nice -n 10`` busy loop); a second copy of
+the same job running at the same time (a loop of the same doctor, so that it lasts as long as the measured one).
+A cell is a hit when the planted cause is named first with verdict ``clear`` (for the clean job: no internal
+cause ``clear``; an ``external_load`` cause is allowed under load). Each doctor run is
+``trainscale doctor --nproc 2 --repeat 2 --quick``, except the slow operator, which needs the second-level
+experiments (no ``--quick``). Last stdout line: one JSON object (also written to ``--json``).
+``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``, about 80 min).
 
-    PYTHONPATH=src python benchmarks/doctor_matrix.py [--repeats 3] [--causes input,buckets,straggler,clean]
-        [--conditions quiet,hog,twin]
+    PYTHONPATH=src python benchmarks/doctor_matrix.py [--repeats 3]
+        [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin] [--json PATH]
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests" / "lab"),
+                                                    os.environ.get("PYTHONPATH", "")])}
 JOB = ["--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", "--data.train_size", "512",
        "--data.eval_size", "16", "--job.threads", "1", "--log.skip_first", "3"]
 PLANTED = {
@@ -28,15 +36,21 @@ PLANTED = {
     "buckets": (["--strategy.bucket_mb", "0", "--model.depth", "16", "--model.width", "64"], "communication"),
     "straggler": (["--job.slow_rank", "1", "--job.slow_factor", "5", "--model.width", "256", "--batch-size", "64"],
                   "straggler"),
+    "slow_op": (["--model.name", "planted_models:slow_op_mlp"], "slow_operator"),
     "clean": ([], None),
 }
+FULL = {"slow_op"}  # causes that the first-level (--quick) experiments cannot name
 INTERNAL = ("input", "communication", "straggler", "slow_operator", "compute_interference", "framework_overhead")
 
 
-def doctor(args: list[str], out: Path, timeout: float = 900) -> dict:
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    subprocess.run([sys.executable, "-m", "trainscale", "doctor", "--nproc", "2", "--repeat", "2", "--quick",
-                    "--out", str(out), *JOB, *args], env=env, timeout=timeout, capture_output=True, check=False)
+def command(cause: str, out: Path, repeat: int = 2) -> list[str]:
+    quick = [] if cause in FULL else ["--quick"]
+    return [sys.executable, "-m", "trainscale", "doctor", "--nproc", "2", "--repeat", str(repeat), *quick,
+            "--out", str(out), *JOB, *PLANTED[cause][0]]
+
+
+def doctor(cause: str, out: Path, timeout: float = 1200) -> dict:
+    subprocess.run(command(cause, out), env=ENV, timeout=timeout, capture_output=True, check=False)
     return json.loads((out / "doctor.json").read_text())
 
 
@@ -49,15 +63,30 @@ def hit(doc: dict, want: str | None) -> bool:
     return causes[0]["name"] == want and causes[0]["verdict"] == "clear"
 
 
-def background(condition: str, planted: list[str], tmp: Path) -> subprocess.Popen | None:
+def background(condition: str, cause: str, tmp: Path) -> subprocess.Popen | None:
+    """The condition's load, in its own process group (so that stopping it stops the twin's ranks too)."""
     if condition == "hog":
-        return subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", "while True: pass"])
-    if condition == "twin":  # the same job, run by a second doctor at the same time
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        return subprocess.Popen([sys.executable, "-m", "trainscale", "doctor", "--nproc", "2", "--repeat", "4",
-                                 "--quick", "--out", str(tmp / "twin"), *JOB, *planted], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return None
+        cmd = ["nice", "-n", "10", sys.executable, "-c", "while True: pass"]
+    elif condition == "twin":  # the same job, run by a second doctor, again and again until the cell's run ends
+        cmd = ["sh", "-c", 'while :; do "$@"; done', "twin", *command(cause, tmp / "twin", repeat=4)]
+    else:
+        return None
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop(bg: subprocess.Popen) -> None:
+    """SIGTERM first: the twin doctor then ends the run it has in flight (its own session); then SIGKILL."""
+    os.killpg(bg.pid, signal.SIGTERM)
+    try:
+        bg.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(bg.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    bg.wait()
 
 
 def main() -> None:
@@ -65,30 +94,35 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--causes", default=",".join(PLANTED))
     p.add_argument("--conditions", default="quiet,hog,twin")
+    p.add_argument("--json", type=Path, help="also write the result here")
     a = p.parse_args()
     cells = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for cond in a.conditions.split(","):
             for cause in a.causes.split(","):
-                args, want = PLANTED[cause]
+                want = PLANTED[cause][1]
                 results = []
                 for r in range(a.repeats):
-                    bg = background(cond, args, tmp)
+                    bg = background(cond, cause, tmp)
+                    t0 = time.monotonic()
                     try:
-                        doc = doctor(args, tmp / f"{cond}_{cause}_{r}")
+                        doc = doctor(cause, tmp / f"{cond}_{cause}_{r}")
                     finally:
                         if bg is not None:
-                            bg.kill()
-                            bg.wait()
+                            stop(bg)
                     top = [(c["name"], c["verdict"], round(c["seconds_per_step"] * 1e3, 3)) for c in doc["causes"][:3]]
-                    results.append({"hit": hit(doc, want), "top": top})
-                    print(f"{cond:5s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'MISS'} {top}",
-                          flush=True)
+                    results.append({"hit": hit(doc, want), "top": top, "efficiency": doc.get("efficiency"),
+                                    "seconds": round(time.monotonic() - t0, 1)})
+                    print(f"{cond:5s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'MISS'} {top} "
+                          f"({results[-1]['seconds']} s)", flush=True)
                 cells.append({"condition": cond, "cause": cause, "hits": sum(x["hit"] for x in results),
                               "runs": len(results), "results": results})
     total = sum(c["hits"] for c in cells), sum(c["runs"] for c in cells)
-    print(json.dumps({"hit_rate": total[0] / total[1], "hits": total[0], "runs": total[1], "cells": cells}))
+    result = json.dumps({"hit_rate": total[0] / total[1], "hits": total[0], "runs": total[1], "cells": cells})
+    if a.json:
+        a.json.write_text(result + "\n")
+    print(result)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,14 +147,21 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     # A session of its own: on a timeout the launcher and every rank it started end together.
     p = subprocess.Popen(spec.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
+    # SIGTERM (`kill`, a scheduler, a harness ending the lab) takes Ctrl-C's way out below, so that the run in
+    # flight, in a session of its own, does not outlive the lab.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(p)
+        _kill_tree(p)
         raise RunFailed(spec, f"no result within {timeout:g}s (timed out; its processes were ended)") from None
     except BaseException:
-        _kill_group(p)
+        _kill_tree(p)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     # The job's own output, kept beside its summary: the evidence behind a number or a failure.
     log = spec.json_path.with_suffix(".log")
     log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
@@ -167,9 +175,30 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     return summary
 
 
-def _kill_group(p: subprocess.Popen) -> None:
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _kill_tree(p: subprocess.Popen) -> None:
+    """SIGKILL the run's launcher and every process under it, then collect its output.
+
+    torchrun starts each rank in a session of its own, so the launcher's process group does not hold the ranks:
+    the tree is listed first (while the launcher still links it) and every member is killed, else orphaned ranks
+    would run on and keep the output pipes open."""
+    import psutil
+
     try:
-        os.killpg(p.pid, signal.SIGKILL)
+        tree = [psutil.Process(p.pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.Error:
+        tree = []
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # what the tree missed: a process started while it was listed
     except (ProcessLookupError, PermissionError):
         pass
     p.communicate()
