@@ -34,8 +34,11 @@ dist.destroy_process_group()
 def test_launch_runs_a_plain_torchrun_script(tmp_path):
     script = tmp_path / "plain_ddp.py"
     script.write_text(TORCHRUN_SCRIPT)
-    r = run_cli(["launch", "--nproc-per-node", "2", str(script), str(tmp_path)], timeout=80)
+    tmp = tmp_path / "tmp"  # the launch's temporary folder, to see what it leaves there
+    tmp.mkdir()
+    r = run_cli(["launch", "--nproc-per-node", "2", str(script), str(tmp_path)], timeout=80, env={"TMPDIR": str(tmp)})
     assert r.rc == 0, r.text
+    assert not [f.name for f in tmp.iterdir() if f.name.startswith(("torchelastic_", "trainscale-torchrun-"))]
     outs = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert [o["world"] for o in outs] == [2, 2]
     assert outs[0]["w"] == outs[1]["w"]                 # gradients were averaged: same weights

@@ -43,6 +43,19 @@ def test_causes_telescope_to_the_scaling_loss():
     assert all(x["significant"] for x in res["causes"][:2])
 
 
+def test_a_job_that_scales_has_no_cause_however_well_its_small_costs_are_measured():
+    """Communication costs 0.4 ms of a 10.4 ms step (96% efficiency), measured without noise: it is the whole
+    loss, but under 5% of the step, so it is not a cause the job is held back by; at 1 ms (10%) it is."""
+    def doc(comm):
+        t = {("base", 1): 0.010, ("no_data", 1): 0.009, ("no_comm", 1): 0.009,
+             ("base", 2): 0.010 + comm, ("no_data", 2): 0.009 + comm, ("no_comm", 2): 0.009}
+        return by_name(analyse(runs_from(t, jitter=(0.0, 0.00001)), 2, CTX))
+
+    small = doc(0.0004)["communication"]
+    assert small["low_s"] > 0 and small["share"] > 0.9 and small["verdict"] == "no" and not small["significant"]
+    assert doc(0.001)["communication"]["significant"]
+
+
 def test_cause_inside_noise_is_not_significant_and_not_ranked():
     """Input is +3 ms in one repeat and -2.6 ms in the other: not a cause, however large its median looks
     next to the 5% floor; communication shows in both repeats, at very different sizes (a slow run), and is."""

@@ -7,7 +7,9 @@ its arguments, sets intra-op threads per rank, and prints the job's distributed 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +112,9 @@ def launch(spec: LaunchSpec) -> None:
     # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
     # abbreviation of its own --nproc-per-node.
     args.training_script_args = list(spec.args)
+    # torchrun keeps each rank's error file in a log folder, by default a new temporary one per launch that it
+    # never removes (the lab launches dozens of runs): one of ours, read while failing and removed after.
+    args.log_dir = tempfile.mkdtemp(prefix="trainscale-torchrun-")
     try:
         run(args)
     except ChildFailedError as e:
@@ -121,6 +126,8 @@ def launch(spec: LaunchSpec) -> None:
         if e.sigval != signal.SIGTERM:
             raise
         raise Preempted("the launcher got SIGTERM") from None
+    finally:
+        shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
 def _expected_backend(local_processes: int) -> str:

@@ -22,7 +22,8 @@ in bursts counts at its mean and a VM's 10-50x hiccup cannot decide it.
 Every term is computed per repeat; its value is the median over repeats; its noise is twice the standard error
 of the medians it is made of (from each phase's own step-to-step spread), the largest over repeats. A cause is
 significant when every repeat exceeds its noise (``low_s`` > 0) and it is at least ``min_share`` of the loss
-(of the N-process step time when the loss itself is not significant).
+(of the N-process step time when the loss itself is not significant) and ``min_step_share`` of the N-process
+step: a job that loses less than that to a cause is not held back by it, however well the cost is measured.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
 BOOTSTRAPPED = ("input", "communication", "straggler", "compute_interference", "external_load")
 
 
-def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15,
+def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, min_step_share: float = 0.05,
             profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
             threads: dict[int, list[dict[str, Any]]] | None = None, replicates: int = 300) -> dict[str, Any]:
     """Split the scaling loss of ``runs`` into ranked causes with intervals and verdicts (see the module docstring).
@@ -242,7 +243,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15,
     # Each cause is judged against its own noise, in every repeat: the phases of a run are paired, but whole runs
     # can differ 3x in how slow their collectives are, so the spread of a cause's size over repeats says how
     # reproducible its size is, not whether it exists. The loss is only the yardstick for "worth reporting".
-    floor = min_share * (loss if real_loss else tn)
+    floor = max(min_share * (loss if real_loss else tn), min_step_share * tn)
     for c in causes:
         v = c["seconds_per_step"]
         if c["name"] in BOOTSTRAPPED and c["name"] in boot and not c.get("uses_sleep"):

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-share", type=float, default=0.15,
                    help="smallest share of the loss a cause must explain to be clear (default 0.15: on a shared "
                         "machine, smaller shares are within what placement changes between runs)")
+    p.add_argument("--min-step-share", type=float, default=0.05,
+                   help="smallest cost, as a share of the N-process step, that a cause must have to be clear "
+                        "(default 0.05: a job that loses less than that to a cause is not held back by it)")
     p.add_argument("--cycles", type=int, default=6,
                    help="times each run cycles through its phases (default 6; the bootstrap resamples these cycles); the doctor sets job.steps from this")
     p.add_argument("--phase-steps", type=int, default=8, help="steps per phase block (default 8)")
@@ -356,7 +359,7 @@ def main(argv: list[str]) -> int:
                     runs.setdefault((name, k), []).append(part)
 
         def analysed(**kw: Any) -> dict[str, Any]:
-            return analyse(runs, n, {**ctx, "external": load.report()}, args.min_share, **kw)
+            return analyse(runs, n, {**ctx, "external": load.report()}, args.min_share, args.min_step_share, **kw)
 
         try:
             r = 0
