@@ -49,22 +49,54 @@ def session_pids(sid: int) -> list[int]:
 
 
 def finish(p: subprocess.Popen, timeout: float) -> Done:
-    """Wait for the job; past ``timeout`` kill its whole session (and fail the caller's assertion on rc)."""
+    """Wait for the job; past ``timeout`` kill it (and fail the caller's assertion on rc).
+
+    ``left``: processes of the job still alive after it ended, among its session and every process seen under
+    it while it ran (torchrun starts each rank in a session of its own)."""
     t0 = time.monotonic()
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        out += f"\n[test] killed after {timeout} s"
+    seen: set[psutil.Process] = set()
+    out = ""
+    while True:
+        try:
+            seen |= set(psutil.Process(p.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        try:
+            out, _ = p.communicate(timeout=0.2)  # a retry after the timeout loses no output
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - t0 > timeout:
+                for q in [*seen, psutil.Process(p.pid)]:
+                    _kill(q)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                out, _ = p.communicate()
+                out += f"\n[test] killed after {timeout} s"
+                break
     time.sleep(0.5)  # reaped children disappear from the table
-    left = session_pids(p.pid)
+    left = set(session_pids(p.pid)) | {q.pid for q in seen if _alive(q)}
     for pid in left:  # never leave a process behind, whatever the verdict
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return Done(p.returncode, out, time.monotonic() - t0, left)
+    return Done(p.returncode, out, time.monotonic() - t0, sorted(left))
+
+
+def _alive(q: psutil.Process) -> bool:
+    try:
+        return q.is_running() and q.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill(q: psutil.Process) -> None:
+    try:
+        q.kill()
+    except psutil.Error:
+        pass
 
 
 def run(args: list[str], timeout: float = 180, fault: str = "") -> Done:

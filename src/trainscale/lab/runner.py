@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script"]
+__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "kill_tree"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
@@ -144,7 +144,7 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)  # the lab is never itself a rank; each run launches its own
-    # A session of its own: on a timeout the launcher and every rank it started end together.
+    # A session of its own: Ctrl-C at the terminal reaches the lab alone, which then ends the run's whole tree.
     p = subprocess.Popen(spec.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
     # SIGTERM (`kill`, a scheduler, a harness ending the lab) takes Ctrl-C's way out below, so that the run in
@@ -154,10 +154,10 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(p)
+        kill_tree(p)
         raise RunFailed(spec, f"no result within {timeout:g}s (timed out; its processes were ended)") from None
     except BaseException:
-        _kill_tree(p)
+        kill_tree(p)
         raise
     finally:
         if previous is not None:
@@ -179,7 +179,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _kill_tree(p: subprocess.Popen) -> None:
+def kill_tree(p: subprocess.Popen) -> None:
     """SIGKILL the run's launcher and every process under it, then collect its output.
 
     torchrun starts each rank in a session of its own, so the launcher's process group does not hold the ranks:
