@@ -40,7 +40,7 @@ PLANTED = {
     "slow_op": (["--model.name", "planted_models:slow_op_mlp"], "slow_operator"),
     # A job that scales better: the small job above is no clean job at 2 processes here (its 340 KB exchange
     # costs about 2 ms of a 5 ms step, a real cause the doctor names). This one still showed communication
-    # clear in 2 of 3 quiet runs (3.3 ms of a 54 ms step): synchronised ranks also wait out each other's jitter.
+    # clear in 1 of 2 quiet runs (3.3 ms of a 54 ms step): synchronised ranks also wait out each other's jitter.
     "clean": (["--model", "resnet18", "--model.width", "4", "--data.image_size", "16", "--data.channels", "3",
                "--batch-size", "64"], None),
 }
