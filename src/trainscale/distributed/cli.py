@@ -40,6 +40,7 @@ def main(argv: list[str]) -> int:
                       node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port,
                       rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id, max_restarts=a.max_restarts,
                       threads=a.threads, module=a.module)
+    spec.validate()  # bad input answered before torch is imported
     try:
         launch(spec)
     except LaunchFailed as e:

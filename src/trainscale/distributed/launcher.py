@@ -13,10 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..config import ConfigError
-from .env import default_threads
 from .table import print_env_table
 
 PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.preempt.EXIT_PREEMPTED)
@@ -100,6 +97,8 @@ def launch(spec: LaunchSpec) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from .env import default_threads
+
     spec.validate()
     threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(spec.nproc_per_node)
     # torchrun would otherwise force OMP_NUM_THREADS=1 on every rank (seed 004's num_threads question).
@@ -131,6 +130,8 @@ def launch(spec: LaunchSpec) -> None:
 
 
 def _expected_backend(local_processes: int) -> str:
+    import torch
+
     gpus = torch.cuda.device_count()
     if not gpus:
         return "gloo (no CUDA)"
@@ -154,6 +155,8 @@ def _master_text(spec: LaunchSpec) -> str:
 
 
 def _expected_rows(spec: LaunchSpec, threads: int) -> list[dict]:
+    import torch
+
     static = not spec.rdzv_endpoint and ":" not in spec.nnodes
     ngpu = torch.cuda.device_count()
     rows = []
