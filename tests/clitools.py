@@ -37,6 +37,20 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def still_running(procs: Any) -> list[Any]:
+    """The ``psutil.Process`` objects of ``procs`` that are still alive (zombies count as gone)."""
+    import psutil
+
+    left = []
+    for q in procs:
+        try:
+            if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
+                left.append(q)
+        except psutil.Error:
+            pass
+    return left
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON file; a run summary is parsed strictly and validated against the shipped schema first."""
     from summaries import check_summary_file

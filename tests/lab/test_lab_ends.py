@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 
+from clitools import still_running
+
 pytestmark = pytest.mark.dist
 
 DOCTOR = [sys.executable, "-m", "trainscale", "doctor", "--nproc", "2", "--quick", "--data", "synthetic",
@@ -36,7 +38,7 @@ def _watch(p: subprocess.Popen, until: float, stop_when_ranks: bool) -> set[psut
 
 def _left(seen: set[psutil.Process]) -> list[str]:
     time.sleep(1)
-    return [" ".join(q.cmdline()) for q in seen if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+    return [" ".join(q.cmdline()) for q in still_running(seen)]
 
 
 @pytest.mark.timeout(120)

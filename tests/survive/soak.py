@@ -20,9 +20,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from survive_jobs import JOB, finish, run, same_weights, start, wait_for  # noqa: E402
 
 
+STEPS = int(JOB[JOB.index("--steps") + 1])
+
+
 def _ckpt_step(folder: Path) -> int:
     name = (folder / "latest").read_text().strip()  # step_20.pt, or last.pt when the run had finished
-    return 40 if name == "last.pt" else int(name.split("_")[1].split(".")[0])
+    return STEPS if name == "last.pt" else int(name.split("_")[1].split(".")[0])
 
 
 def one(kind: str, rng: random.Random, folder: Path, reference: Path) -> dict:
@@ -45,7 +48,7 @@ def one(kind: str, rng: random.Random, folder: Path, reference: Path) -> dict:
         p.send_signal(signal.SIGTERM)
         r = finish(p, 200)
         ok = r.rc in (75, 0)
-        logged = [int(m) for m in re.findall(r"step (\d+)/40", r.text)]
+        logged = [int(m) for m in re.findall(rf"step (\d+)/{STEPS}", r.text)]
         step = _ckpt_step(folder)
         lost = max(0, max(logged, default=0) - step)  # the preemption checkpoint holds the step the ranks stopped at
     resumed = None

@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from clitools import still_running
+
 REPO = Path(__file__).resolve().parents[2]
 # 1,500 digits / (2 x 16) = 47 steps per epoch: 40 steps, a checkpoint every 10.
 JOB = ["--model", "mlp", "--model.width", "32", "--data", "digits", "--batch-size", "16", "--steps", "40",
@@ -76,20 +78,13 @@ def finish(p: subprocess.Popen, timeout: float) -> Done:
                 out += f"\n[test] killed after {timeout} s"
                 break
     time.sleep(0.5)  # reaped children disappear from the table
-    left = set(session_pids(p.pid)) | {q.pid for q in seen if _alive(q)}
+    left = set(session_pids(p.pid)) | {q.pid for q in still_running(seen)}
     for pid in left:  # never leave a process behind, whatever the verdict
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return Done(p.returncode, out, time.monotonic() - t0, sorted(left))
-
-
-def _alive(q: psutil.Process) -> bool:
-    try:
-        return q.is_running() and q.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _kill(q: psutil.Process) -> None:

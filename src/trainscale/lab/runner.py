@@ -16,12 +16,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "kill_tree"]
+from ..signals import interrupt_on
+
+__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
@@ -144,28 +145,14 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)  # the lab is never itself a rank; each run launches its own
-    # A session of its own: Ctrl-C at the terminal reaches the lab alone, which then ends the run's whole tree.
-    p = subprocess.Popen(spec.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
-    # SIGTERM (`kill`, a scheduler, a harness ending the lab) takes Ctrl-C's way out below, so that the run in
-    # flight, in a session of its own, does not outlive the lab.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
-        else None
     try:
-        out, err = p.communicate(timeout=timeout)
+        rc, out, err = communicate_or_kill(spec.command(), env, timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(p)
         raise RunFailed(spec, f"no result within {timeout:g}s (timed out; its processes were ended)") from None
-    except BaseException:
-        kill_tree(p)
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     # The job's own output, kept beside its summary: the evidence behind a number or a failure.
     log = spec.json_path.with_suffix(".log")
     log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
-    if p.returncode != 0:
+    if rc != 0:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
@@ -175,11 +162,22 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     return summary
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+def communicate_or_kill(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run ``cmd`` to its end: (exit code, stdout, stderr). Past ``timeout``, or on Ctrl-C or SIGTERM to this
+    process, its whole process tree is killed first (then TimeoutExpired or KeyboardInterrupt is raised)."""
+    # A session of its own: Ctrl-C at the terminal reaches this process alone, which then ends the whole tree.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        with interrupt_on(signal.SIGTERM):  # `kill`, a scheduler: what is in flight must not outlive us
+            out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        _kill_tree(p)
+        raise
+    return p.returncode, out, err
 
 
-def kill_tree(p: subprocess.Popen) -> None:
+def _kill_tree(p: subprocess.Popen) -> None:
     """SIGKILL the run's launcher and every process under it, then collect its output.
 
     torchrun starts each rank in a session of its own, so the launcher's process group does not hold the ranks:

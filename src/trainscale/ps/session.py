@@ -10,12 +10,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..log import logger
+from ..signals import interrupt_on
 
 __all__ = ["ray_session"]
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _init(ray: object, kwargs: dict, verbose: bool, tries: int = 2) -> None:
@@ -44,18 +41,16 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, verbose
     started = False
     # SIGTERM (a scheduler, `kill`) and SIGINT take the same way out, through the finally below. SIGINT is set
     # explicitly: a process started with SIGINT ignored (inherited) would otherwise run on after Ctrl-C.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    # `kill -USR1 PID` prints every thread's stack: what a run that does not stop is waiting for.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    try:
-        if not ray.is_initialized():
-            kwargs = {"address": address} if address else {"num_cpus": num_cpus or os.cpu_count() or 1}
-            started = True
-            _init(ray, kwargs, verbose)
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        faulthandler.unregister(signal.SIGUSR1)
+    with interrupt_on(signal.SIGTERM, signal.SIGINT):
+        # `kill -USR1 PID` prints every thread's stack: what a run that does not stop is waiting for.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            if not ray.is_initialized():
+                kwargs = {"address": address} if address else {"num_cpus": num_cpus or os.cpu_count() or 1}
+                started = True
+                _init(ray, kwargs, verbose)
+            yield
+        finally:
+            if started:
+                ray.shutdown()
+            faulthandler.unregister(signal.SIGUSR1)

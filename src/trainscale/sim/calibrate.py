@@ -67,18 +67,13 @@ def _probe(nproc: int, timeout: float) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), "-m",
                "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        from ..lab.runner import kill_tree
+        from ..lab.runner import communicate_or_kill
 
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
-            stdout, stderr = p.communicate(timeout=timeout)
+            rc, stdout, stderr = communicate_or_kill(cmd, env, timeout)  # its ranks too, whatever ends it
         except subprocess.TimeoutExpired:
-            kill_tree(p)  # its ranks too: torchrun starts each in a session of its own
             raise RuntimeError(f"all-reduce probe on {nproc} processes gave no result within {timeout:g}s") from None
-        except BaseException:
-            kill_tree(p)
-            raise
-        if p.returncode != 0 or not out.is_file():
+        if rc != 0 or not out.is_file():
             tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
             raise RuntimeError(f"all-reduce probe on {nproc} processes failed: {tail}")
         data = json.loads(out.read_text())
