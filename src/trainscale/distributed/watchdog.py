@@ -118,8 +118,15 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
-        """Stop beating (the run is over or tearing down)."""
+        """Stop beating and wait for the thread (the run is over or tearing down).
+
+        The wait matters: a daemon thread still inside a store call when the interpreter finalizes is ended
+        by ``pthread_exit`` as it takes the GIL back, which aborts the rank ("terminate called without an
+        active exception") after its work was done.
+        """
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, 2 * self.beat_s))
 
     def publish(self) -> None:
         """Write this rank's beat."""
