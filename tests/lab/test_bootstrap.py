@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 from trainscale.lab.analysis import analyse
 from trainscale.lab.bootstrap import interval, resample_runs, verdict
+from trainscale.lab.stats import sync_wait
 
 PHASES = ("base", "no_data", "no_comm")
 
@@ -123,3 +125,48 @@ def test_a_neighbour_that_takes_the_jobs_cores_is_named_with_its_pid():
                     replicates=100)
     assert "external_load" not in causes(quiet)
 
+
+
+def test_sync_wait_is_the_mean_of_each_steps_slowest_rank_beyond_the_slowest_rank():
+    # Ranks take turns being 4 ms slow: each step lasts 14 ms, each rank averages 12 ms: 2 ms of waiting per step.
+    turns = [[[c, 0.0, 0.010 + (0.004 if (i + r) % 2 else 0.0), 0.0] for c in range(3) for i in range(4)]
+             for r in range(2)]
+    assert abs(sync_wait(turns) - 0.002) < 1e-12
+    # One rank slow on every step is a straggler: nobody waits for jitter.
+    always = [[[c, 0.0, 0.010 + 0.004 * r, 0.0] for c in range(3) for i in range(4)] for r in range(2)]
+    assert abs(sync_wait(always)) < 1e-12
+    assert sync_wait(turns[:1]) == 0.0  # one process waits for nobody
+    assert abs(sync_wait(turns, {0: 2, 2: 1}) - 0.002) < 1e-12  # a bootstrap replicate: weighted cycles
+
+
+def _jittery(k: int, rng: random.Random, jitter: float, cycles: int = 6, block: int = 5) -> dict:
+    """Phased runs of a job with no exchange cost: at k > 1 the ranks synchronise in base and no_data, where a
+    step lasts as long as its slowest rank's compute; each rank's compute jitters (+ uniform 0..``jitter``)."""
+    parts = {}
+    for ph in PHASES:
+        comp = [[0.010 + jitter * rng.random() for _ in range(cycles * block)] for _ in range(k)]
+        synced = ph != "no_comm" and k > 1
+        per_rank = [[[i // block, (max(c[i] for c in comp) if synced else mine[i]) + 0.002, mine[i], 0.0]
+                     for i in range(cycles * block)] for mine in comp]
+        meds = [statistics.median(r[1] for r in rows) for rows in per_rank]
+        parts[(ph, k)] = {"step_time_s": meds[0], "step_time_spread": 0.3, "measured_steps": cycles * block,
+                          "samples_per_s": 32 / meds[0], "rank_step_time_s": meds, "rank_steps": per_rank,
+                          "rank_compute_s": [statistics.median(r[2] for r in rows) for rows in per_rank],
+                          "rank_compute_spread": [0.4] * k, "data_wait_frac": 0.0, "threads": 1,
+                          "allreduce_calls_per_step": 1, "bucket_mb": 25.0, "overlap": True}
+    return parts
+
+
+def test_waiting_for_jitter_is_sync_wait_not_communication():
+    rng = random.Random(7)
+    runs: dict = {}
+    for _ in range(2):
+        for k in (1, 2):
+            for key, part in _jittery(k, rng, jitter=0.012, cycles=12).items():
+                runs.setdefault(key, []).append(part)
+    res = causes(analyse(runs, 2, CTX, replicates=200))
+    # Two ranks, each 0-12 ms slow at random: the slower of two lasts 2/3 x 12 ms beyond 10 ms, either rank 1/2 x 12:
+    # the job waits 12 x (2/3 - 1/2) = 2 ms per step beyond either rank's own mean. No byte is exchanged.
+    assert res["sync_wait"]["verdict"] == "clear" and 0.001 < res["sync_wait"]["seconds_per_step"] < 0.003, res
+    assert res["communication"]["verdict"] in ("no", "undecided"), res["communication"]
+    assert "grad_accum" in res["sync_wait"]["suggestion"]

@@ -8,10 +8,13 @@ so T_base = input + communication + compute + framework at each k, and the scali
 L = T_base(N) - T_base(1) splits exactly (the terms telescope) into
 
     input         = [T_base - T_no_data](N) - [same](1)
-    communication = [T_no_data - T_no_comm](N) - [same](1)
+    communication = [T_no_data - T_no_comm](N) - [same](1)  -> exchange + sync_wait
     compute       = [T_no_comm - T_sleep](N) - [same](1)   -> straggler + slow_operator + compute_interference
     framework     = T_sleep(N) - T_sleep(1)                (seed 000's sleep test)
 
+Synchronous ranks also wait each step for whichever of them is slowest that step (step-to-step jitter: the mean
+of the per-step maximum of the ranks' compute minus the slowest rank's mean, ``stats.sync_wait``); that part of
+communication is its own cause, ``sync_wait``, since no change to the exchange removes it.
 The straggler is the slowest rank's extra compute in the base configuration (the others wait for it); the
 part of it that appears only with data or communication on is taken out of those two terms, so the sum holds.
 
@@ -42,8 +45,8 @@ CONFIGS: dict[str, list[str]] = {
     "no_comm": ["--ablate.data", "true", "--ablate.comm", "true"],
     "sleep": ["--ablate.data", "true", "--ablate.comm", "true", "--ablate.compute", "sleep"],
 }
-CAUSES = ("communication", "input", "compute_interference", "framework_overhead", "slow_operator", "straggler",
-          "threads", "external_load")
+CAUSES = ("communication", "sync_wait", "input", "compute_interference", "framework_overhead", "slow_operator",
+          "straggler", "threads", "external_load")
 # Profiler rows that are communication or bookkeeping, not a model's operator.
 COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
             "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
@@ -142,7 +145,10 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
            for c in ("base", "no_data", "no_comm")}
     g = {c: [x[0] for x in v] for c, v in gap.items()}
     input_r = [(bn[i] - dn[i]) - (b1[i] - d1[i]) - (g["base"][i] - g["no_data"][i]) for i in range(R)]
-    comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) - (g["no_data"][i] - g["no_comm"][i]) for i in range(R)]
+    # Ranks that synchronise every step also wait for whichever of them is slowest that step: jitter, not the
+    # exchange. Measured where the exchange is on and the data off (0 at one process), moved out of communication.
+    sync_r = [s.get("sync_wait_s", 0.0) for s in runs[("no_data", n)][:R]]
+    comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) - (g["no_data"][i] - g["no_comm"][i]) - sync_r[i] for i in range(R)]
     cside_r = [cn[i] - c1[i] for i in range(R)]
     base_n = runs[("base", n)][0]
     ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step"), "bytes": base_n.get("comm_bytes_per_step")}
@@ -157,6 +163,13 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
         f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
         f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
         f"{_ms(median(dn) - median(cn))} ms/step at {n} processes", *suggest("communication", ctx)))
+    spread = runs[("no_data", n)][0].get("rank_compute_spread") or []
+    causes.append(_cause(
+        "sync_wait", sync_r, [se["no_data", n]], loss,
+        f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from step to "
+        f"step (p10-p90 spread per rank: {', '.join(f'{x:.0%}' for x in spread)}), so the ranks wait "
+        f"{_ms(median(sync_r))} ms/step for each other beyond any rank that is slower on every step (measured "
+        "with the exchange on and one batch kept on the device)", *suggest("sync_wait", ctx)))
     worst = statistics.mode([x[1] for x in gap["base"]]) if gap["base"] else 0
     strag_r = g["base"]  # = its compute-side part g[no_comm] + what was moved out of input and communication
     rank_c = [median(s["rank_compute_s"][i] for s in runs[("base", n)][:R])
@@ -214,7 +227,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
 
 
 # Causes measured inside the phased runs: their intervals come from resampling those runs' cycles.
-BOOTSTRAPPED = ("input", "communication", "straggler", "compute_interference", "external_load")
+BOOTSTRAPPED = ("input", "communication", "sync_wait", "straggler", "compute_interference", "external_load")
 
 
 def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, min_step_share: float = 0.05,

@@ -20,7 +20,7 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-from .stats import block_step_time
+from .stats import block_step_time, sync_wait
 
 __all__ = ["resample_runs", "block_times", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
 
@@ -34,8 +34,9 @@ def _cycles(part: dict[str, Any]) -> list[int]:
 
 
 def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, Any]:
-    """The phase summary with per-rank step times (``block_step_time``) and compute medians over the resampled
-    cycles (``weights``: cycle -> times drawn; None: every cycle once)."""
+    """The phase summary with per-rank step times (``block_step_time``), compute medians and the wait for each
+    step's slowest rank (``sync_wait``) over the resampled cycles (``weights``: cycle -> times drawn; None: every
+    cycle once)."""
     ranks = part.get("rank_steps")
     if not ranks:
         return part
@@ -45,7 +46,8 @@ def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, 
         c = [r[2] for r in rows for _ in range(w.get(int(r[0]), 0)) if math.isfinite(r[2])]
         steps.append(block_step_time(rows, w))
         comps.append(statistics.median(c) if c else float("nan"))
-    return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0]}
+    return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0],
+            "sync_wait_s": sync_wait(ranks, weights)}
 
 
 def block_times(runs: Runs) -> Runs:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 __all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval"]
+           "mean_interval", "sync_wait"]
 
 # Student's t, 97.5% quantile, for 1..10 degrees of freedom (a 95% interval from a handful of seeds).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -102,6 +102,31 @@ def block_step_time(rows: list[list[float]], weights: dict[int, int] | None = No
         return float("nan")
     cap = STEP_CLIP * statistics.median(t for c, b in blocks.items() for _ in range(w[c]) for t in b)
     return statistics.median(statistics.fmean(min(t, cap) for t in b) for c, b in blocks.items() for _ in range(w[c]))
+
+
+def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> float:
+    """Seconds per step that a synchronous step waits for whichever rank is slowest *that* step.
+
+    ``ranks``: every rank's [cycle, step s, compute s, ...] rows of one phase in which the ranks synchronise each
+    step, so row i is the same step everywhere. Each step lasts as long as its slowest rank's forward+backward;
+    the mean of that maximum minus the slowest rank's own mean compute is what step-to-step jitter costs (seed
+    002's order statistic E[X_P:P]; a rank that is slower on every step is the straggler, not counted here).
+    Compute times are clipped at ``STEP_CLIP`` x each rank's median, as step times are.
+    """
+    if len(ranks) < 2:
+        return 0.0
+    n = min(len(rows) for rows in ranks)
+    caps = [STEP_CLIP * statistics.median(r[2] for r in rows[:n] if math.isfinite(r[2])) if n else 0.0
+            for rows in ranks]
+    steps = [(int(ranks[0][i][0]), [min(rows[i][2], cap) for rows, cap in zip(ranks, caps)]) for i in range(n)]
+    w = weights if weights is not None else {c: 1 for c, _ in steps}
+    drawn = [(w.get(c, 0), comp) for c, comp in steps if w.get(c, 0) and all(math.isfinite(x) for x in comp)]
+    total = sum(k for k, _ in drawn)
+    if not total:
+        return 0.0
+    slowest_each_step = sum(k * max(comp) for k, comp in drawn) / total
+    slowest_rank = max(sum(k * comp[r] for k, comp in drawn) / total for r in range(len(ranks)))
+    return slowest_each_step - slowest_rank
 
 
 def job_step_time(summary: dict[str, Any]) -> float:

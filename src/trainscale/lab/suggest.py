@@ -48,6 +48,11 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
         return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
                 f"with a larger per-device batch (--batch-size {batch}, with --optim.lr_scaling linear)",
                 {"data.batch_size": str(batch)})
+    if cause == "sync_wait":
+        return ("make steps steadier, so that no rank keeps the others waiting: give each process cores of its own "
+                "(--job.threads so that threads x processes <= cores, taskset -c / numactl), keep other work off the "
+                "machine; or synchronise less often (--strategy.grad_accum 2: one exchange per 2 micro-batches, "
+                "whose jitter averages out)", {})
     if cause == "input":
         extra = " and --data.prefetch 4" if "prefetch" in df else ""
         if ctx.get("sample_delay_ms"):
