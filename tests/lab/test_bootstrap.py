@@ -137,6 +137,7 @@ def test_sync_wait_is_the_mean_of_each_steps_slowest_rank_beyond_the_slowest_ran
     assert abs(sync_wait(always)) < 1e-12
     assert sync_wait(turns[:1]) == 0.0  # one process waits for nobody
     assert abs(sync_wait(turns, {0: 2, 2: 1}) - 0.002) < 1e-12  # a bootstrap replicate: weighted cycles
+    assert sync_wait([[[0, 0.0, float("nan"), 0.0]], [[0, 0.0, 0.01, 0.0]]]) == 0.0  # no compute clock: no claim
 
 
 def _jittery(k: int, rng: random.Random, jitter: float, cycles: int = 6, block: int = 5) -> dict:

@@ -116,8 +116,8 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     if len(ranks) < 2:
         return 0.0
     n = min(len(rows) for rows in ranks)
-    caps = [STEP_CLIP * statistics.median(r[2] for r in rows[:n] if math.isfinite(r[2])) if n else 0.0
-            for rows in ranks]
+    finite = [[r[2] for r in rows[:n] if math.isfinite(r[2])] for rows in ranks]
+    caps = [STEP_CLIP * statistics.median(f) if f else math.inf for f in finite]
     steps = [(int(ranks[0][i][0]), [min(rows[i][2], cap) for rows, cap in zip(ranks, caps)]) for i in range(n)]
     w = weights if weights is not None else {c: 1 for c, _ in steps}
     drawn = [(w.get(c, 0), comp) for c, comp in steps if w.get(c, 0) and all(math.isfinite(x) for x in comp)]
