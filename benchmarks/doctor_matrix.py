@@ -40,12 +40,14 @@ PLANTED = {
     "slow_op": (["--model.name", "planted_models:slow_op_mlp"], "slow_operator"),
     # A job that scales better: the small job above is no clean job at 2 processes here (its 340 KB exchange
     # costs about 2 ms of a 5 ms step, a real cause the doctor names). This one still showed communication
-    # clear in 1 of 2 quiet runs (3.3 ms of a 54 ms step): synchronised ranks also wait out each other's jitter.
+    # clear in 1 of 2 quiet runs (3.3 ms of a 54 ms step) before the doctor told the wait for each step's slowest
+    # rank (sync_wait, 1.2 ms of it) apart from the exchange.
     "clean": (["--model", "resnet18", "--model.width", "4", "--data.image_size", "16", "--data.channels", "3",
                "--batch-size", "64"], None),
 }
 FULL = {"slow_op"}  # causes that the first-level (--quick) experiments cannot name
-INTERNAL = ("input", "communication", "straggler", "slow_operator", "compute_interference", "framework_overhead")
+INTERNAL = ("input", "communication", "sync_wait", "straggler", "slow_operator", "compute_interference",
+            "framework_overhead", "threads")
 
 
 def command(cause: str, out: Path, repeat: int = 2) -> list[str]:
