@@ -121,6 +121,7 @@ def test_a_neighbour_that_takes_the_jobs_cores_is_named_with_its_pid():
     # = 5.15 ms is the neighbour's; the rest of the 6 ms stays compute interference (not counted twice).
     assert abs(top["seconds_per_step"] - 0.00515) < 0.001
     assert abs(causes(res)["compute_interference"]["seconds_per_step"] + top["seconds_per_step"] - 0.006) < 0.001
+    assert "outside processes took 0.95 of 2 cores" in causes(res)["communication"]["evidence"]  # said, not hidden
     quiet = analyse(runs_for(ONE, slow_compute), 2, {**CTX, "external": {"cores": 0.0, "machine_cores": 2}},
                     replicates=100)
     assert "external_load" not in causes(quiet)

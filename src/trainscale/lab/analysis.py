@@ -312,6 +312,12 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
                    "evidence": evidence, "processes": ext.get("top", [])[:5], "apply_flags": {},
                    "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
                                  "or move the other work off this machine while training"})
+    # The exchange and the per-step waits need the CPU too, and a rank descheduled by the neighbour keeps every
+    # other rank waiting in the collective: how much of them is the neighbour's cannot be told apart from here.
+    for c in causes:
+        if c["name"] in ("communication", "sync_wait"):
+            c["evidence"] += (f"; measured while outside processes took {used:.2f} of {cores} cores, which also delays "
+                              "the collectives (a rank the neighbour deschedules keeps the others waiting)")
     ci.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest,
               share=(statistics.median(rest) / ci["seconds_per_step"] * ci["share"]) if ci["seconds_per_step"] else 0.0,
               evidence=ci["evidence"] + f" ({value * 1e3:.2f} ms/step of it counted under external_load)")
