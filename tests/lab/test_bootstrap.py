@@ -172,3 +172,18 @@ def test_waiting_for_jitter_is_sync_wait_not_communication():
     assert res["sync_wait"]["verdict"] == "clear" and 0.001 < res["sync_wait"]["seconds_per_step"] < 0.003, res
     assert res["communication"]["verdict"] in ("no", "undecided"), res["communication"]
     assert "grad_accum" in res["sync_wait"]["suggestion"]
+
+
+def test_under_an_outside_load_a_cause_smaller_than_the_load_is_only_likely():
+    ctx = {**CTX, "external": {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}}
+    # At N: compute 14 ms (the neighbour's share: 14 x (1 - 1/1.475) = 4.5 ms), the exchange 3 ms, input 7 ms.
+    loaded = {"base": 0.024, "no_data": 0.017, "no_comm": 0.014}
+    res = causes(analyse(runs_for(ONE, loaded), 2, ctx, replicates=200))
+    assert res["external_load"]["verdict"] == "clear"
+    assert res["input"]["verdict"] == "clear"  # larger than the load: the job's own, load or not
+    comm = res["communication"]
+    assert 0.002 < comm["seconds_per_step"] < 0.004
+    assert comm["verdict"] == "likely" and comm["confounded_by"] == "external_load", comm
+    assert "measure again without it" in comm["evidence"]
+    quiet = causes(analyse(runs_for(ONE, loaded), 2, CTX, replicates=200))
+    assert quiet["communication"]["verdict"] == "clear"  # the same numbers without a neighbour
