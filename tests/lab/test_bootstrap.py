@@ -172,6 +172,8 @@ def test_waiting_for_jitter_is_sync_wait_not_communication():
     assert res["sync_wait"]["verdict"] == "clear" and 0.001 < res["sync_wait"]["seconds_per_step"] < 0.003, res
     assert res["communication"]["verdict"] in ("no", "undecided"), res["communication"]
     assert "grad_accum" in res["sync_wait"]["suggestion"]
+    runs[("no_data", 2)][0]["rank_compute_spread"] = [None, 0.4]  # NaN is null in a summary read back from JSON
+    assert "n/a, 40%" in causes(analyse(runs, 2, CTX, replicates=0))["sync_wait"]["evidence"]
 
 
 def test_under_an_outside_load_a_cause_smaller_than_the_load_is_only_likely():

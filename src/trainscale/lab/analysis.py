@@ -165,11 +165,12 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
         f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
         f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
         f"{_ms(median(dn) - median(cn))} ms/step at {n} processes", *suggest("communication", ctx)))
-    spread = runs[("no_data", n)][0].get("rank_compute_spread") or []
+    spread = [f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"  # null in JSON: no clock
+              for x in runs[("no_data", n)][0].get("rank_compute_spread") or []]
     causes.append(_cause(
         "sync_wait", sync_r, [se["no_data", n]], loss,
         f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from step to "
-        f"step (p10-p90 spread per rank: {', '.join(f'{x:.0%}' for x in spread)}), so the ranks wait "
+        f"step (p10-p90 spread per rank: {', '.join(spread)}), so the ranks wait "
         f"{_ms(median(sync_r))} ms/step for each other beyond any rank that is slower on every step (measured "
         "with the exchange on and one batch kept on the device)", *suggest("sync_wait", ctx)))
     worst = statistics.mode([x[1] for x in gap["base"]]) if gap["base"] else 0
