@@ -79,33 +79,52 @@ def test_profiler_traces_load_in_holistic_trace_analysis(two_process_run):
 
     HTA's own temporal breakdown splits a rank's time between its GPU kernels (compute, communication, idle);
     a CPU run has no kernels, so there the split is taken from HTA's parsed per-rank frames: each profiled
-    step's time inside Gloo's all-reduce and outside it.
+    step's time inside Gloo's all-reduce and outside it. HTA runs in a process of its own, as a user runs it:
+    it parses ranks in forked workers, and a fork of this test process (where earlier tests left Ray's threads)
+    can deadlock.
     """
-    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed: "
-                              "pip install 'trainscale[trace]'")
+    pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed: "
+                        "pip install 'trainscale[trace]'")
     tmp_path, s = two_process_run
     assert s["profile_traces"] == [str(tmp_path / "traces" / f"trace_rank{r}.json") for r in range(2)]
-    ta = hta.TraceAnalysis(trace_dir=str(tmp_path / "traces"))
-    assert sorted(ta.t.traces) == [0, 1]
+    r = subprocess.run([sys.executable, "-c", HTA_READ, str(tmp_path / "traces"), s["device"]], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["ranks"] == [0, 1]
     # Every measured step is a profiler step (the span still open when the profiler stopped is left out).
-    assert len(ta.get_profiler_steps()) == s["measured_steps"]
+    assert got["profiler_steps"] == s["measured_steps"]
     if s["device"] == "cuda":
-        tb = ta.get_temporal_breakdown(visualize=False)
-        assert sorted(tb["rank"]) == [0, 1] and (tb["kernel_time(us)"] > 0).all()
+        assert got["kernel_ranks"] == [0, 1] and got["kernels_busy"]
         return
-    sym = ta.t.symbol_table.get_sym_table()
-    for rank in range(2):
-        df = ta.t.get_trace(rank)
-        names = df["name"].map(lambda i: sym[i])
-        steps = df[names.str.startswith("ProfilerStep#")]
-        comm = df[names == "gloo:all_reduce"]
-        assert len(steps) == s["measured_steps"] and len(comm) >= len(steps)  # one bucket or more per step
-        step_us = float(steps["dur"].median())
-        comm_us = float(comm.groupby("iteration")["dur"].sum().median())
+    for rank, (steps, calls, step_us, comm_us) in enumerate(got["per_rank"]):
+        assert steps == s["measured_steps"] and calls >= steps  # one bucket or more per step
         # The rank's median step in HTA's trace is the step the summary measured (same seams), and the
         # all-reduce is a real part of it.
         assert abs(step_us / 1e6 - s["rank_step_time_s"][rank]) <= 0.10 * s["rank_step_time_s"][rank]
         assert 0 < comm_us < step_us
+
+
+# What a user runs on the traces: HTA's TraceAnalysis; prints the numbers the test checks as one JSON line.
+HTA_READ = """
+import json, sys
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+out = {"ranks": sorted(ta.t.traces), "profiler_steps": len(ta.get_profiler_steps())}
+if sys.argv[2] == "cuda":
+    tb = ta.get_temporal_breakdown(visualize=False)
+    out.update(kernel_ranks=sorted(int(r) for r in tb["rank"]), kernels_busy=bool((tb["kernel_time(us)"] > 0).all()))
+else:
+    sym = ta.t.symbol_table.get_sym_table()
+    out["per_rank"] = []
+    for rank in out["ranks"]:
+        df = ta.t.get_trace(rank)
+        names = df["name"].map(lambda i: sym[i])
+        steps, comm = df[names.str.startswith("ProfilerStep#")], df[names == "gloo:all_reduce"]
+        out["per_rank"].append([len(steps), len(comm), float(steps["dur"].median()),
+                                float(comm.groupby("iteration")["dur"].sum().median())])
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.timeout(180)
