@@ -77,6 +77,6 @@ def test_a_stopped_watchdog_lets_the_process_exit_cleanly():
     # fix this script aborted in about 4 of 10 runs.
     import subprocess
     import sys
-    for _ in range(8):
+    for _ in range(5):  # each run found it with probability 0.4: 5 miss it 8% of the time
         r = subprocess.run([sys.executable, "-c", EXIT_AFTER_STOP], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "terminate called" not in r.stderr, (r.returncode, r.stderr[-500:])
