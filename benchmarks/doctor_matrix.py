@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainscale.lab.runner import communicate_or_kill
 from trainscale.signals import interrupt_on
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,16 +60,7 @@ def command(cause: str, out: Path, repeat: int = 2) -> list[str]:
 
 
 def doctor(cause: str, out: Path, timeout: float = 1200) -> dict:
-    proc = subprocess.Popen(command(cause, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=timeout)
-    except BaseException:  # timeout, Ctrl-C or SIGTERM: SIGTERM lets the doctor end the run it has in flight
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+    communicate_or_kill(command(cause, out), ENV, timeout)  # ended on a timeout or a signal: with all its ranks
     return json.loads((out / "doctor.json").read_text())
 
 

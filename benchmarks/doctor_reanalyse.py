@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from trainscale.lab.analysis import analyse
+from trainscale.lab.doctor import phase_parts
 
 
 def phased_runs(folder: Path) -> dict[tuple[str, int], list[dict]]:
@@ -25,9 +26,8 @@ def phased_runs(folder: Path) -> dict[tuple[str, int], list[dict]]:
     runs: dict[tuple[str, int], list[dict]] = {}
     for f in sorted(folder.glob("runs/phases_n*_r*.json")):
         k = int(re.search(r"_n(\d+)_", f.name).group(1))
-        s = json.loads(f.read_text())
-        for phase, part in s["phases"].items():
-            runs.setdefault((phase, k), []).append({**s, **part})
+        for phase, part in phase_parts(json.loads(f.read_text())).items():
+            runs.setdefault((phase, k), []).append(part)
     return runs
 
 

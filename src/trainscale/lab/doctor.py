@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def phase_parts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A phased run's summary as one summary per phase (the run's fields with that phase's timings)."""
+    return {ph: {**summary, **v} for ph, v in summary["phases"].items()}
+
+
 class _Lab:
     """Runs experiments, keeps every summary, and stops cleanly on the first failure."""
 
@@ -89,7 +94,7 @@ class _Lab:
         spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
                        f"experiment {name} at {k} process(es)", script=self.script)
         s = run_train(spec, self.timeout)
-        parts = {ph: {**s, **v} for ph, v in s["phases"].items()} if s.get("phases") else {name: s}
+        parts = phase_parts(s) if s.get("phases") else {name: s}
         for ph, p in parts.items():
             self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r,
                              "step_time_s": p["step_time_s"], "job_step_time_s": job_step_time(p),
