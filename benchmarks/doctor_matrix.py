@@ -12,12 +12,13 @@ experiments (no ``--quick``). Last stdout line: one JSON object (also written to
 ``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``, about 80 min).
 
     PYTHONPATH=src python benchmarks/doctor_matrix.py [--repeats 3]
-        [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin] [--json PATH]
+        [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin] [--json PATH] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -105,9 +106,13 @@ def main() -> None:
     p.add_argument("--causes", default=",".join(PLANTED))
     p.add_argument("--conditions", default="quiet,hog,twin")
     p.add_argument("--json", type=Path, help="also write the result here")
+    p.add_argument("--keep", type=Path, help="keep each doctor's folder here (for benchmarks/doctor_reanalyse.py)")
     a = p.parse_args()
     cells = []
-    with interrupt_on(signal.SIGTERM), tempfile.TemporaryDirectory() as d:  # stopped: the finally below ends the load
+    if a.keep:
+        a.keep.mkdir(parents=True, exist_ok=True)
+    folder = contextlib.nullcontext(str(a.keep)) if a.keep else tempfile.TemporaryDirectory()
+    with interrupt_on(signal.SIGTERM), folder as d:  # stopped: the finally below ends the load
         tmp = Path(d)
         for cond in a.conditions.split(","):
             for cause in a.causes.split(","):

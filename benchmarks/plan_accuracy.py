@@ -53,10 +53,12 @@ def _one(name: str, p: int, tmp: Path, r: int) -> dict:
         s = run_train(RunSpec(p, args, tmp / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
     one = next(iter(cal.single.values()))
     m = job_step_time(s)
-    _say(f"  forecast {f.step_time_s * 1e3:.1f} ms (compute {f.compute_s * 1e3:.1f}, comm {f.comm_exposed_s * 1e3:.1f}), "
+    _say(f"  forecast {f.step_time_s * 1e3:.1f} ms (compute {f.compute_s * 1e3:.1f}, comm {f.comm_exposed_s * 1e3:.1f}; "
+         f"model alone {(f.model_step_s or f.step_time_s) * 1e3:.1f}), "
          f"measured {m * 1e3:.1f} ms (compute {max(s['rank_compute_s']) * 1e3:.1f}); other programs "
          f"{cal_load.report()['cores']:.2f} / {run_load.report()['cores']:.2f} cores")
-    return {"forecast": f.step_time_s, "measured": m, "f_compute": f.compute_s, "f_comm": f.comm_exposed_s,
+    return {"forecast": f.step_time_s, "measured": m, "model": f.model_step_s or f.step_time_s,
+            "skeleton": cal.replay.get(str(p), {}).get("step_s"), "f_compute": f.compute_s, "f_comm": f.comm_exposed_s,
             "f_bound": f.bound, "m_compute": max(s["rank_compute_s"]), "m_cpu": max(s.get("rank_cpu_s") or [0.0]),
             "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"], "core_share": cal.share.get(str(p)),
             "outside_cores_cal": cal_load.report()["cores"], "outside_cores_run": run_load.report()["cores"],
@@ -66,12 +68,15 @@ def _one(name: str, p: int, tmp: Path, r: int) -> dict:
 def _case(name: str, p: int, runs: list[dict]) -> dict:
     f = statistics.median(x["forecast"] for x in runs)
     m = statistics.median(x["measured"] for x in runs)
+    model = statistics.median(x["model"] for x in runs)
 
     def r5(key: str) -> list:
         return [round(x[key], 5) if isinstance(x[key], float) else x[key] for x in runs]
 
     return {"job": name, "nproc": p, "forecast_step_s": round(f, 5), "measured_step_s": round(m, 5),
             "error": round(f / m - 1, 4), "forecast_runs": r5("forecast"), "measured_runs": r5("measured"),
+            # the cost model alone (processor sharing + the all-reduce fit), before the skeleton anchors it
+            "model_step_s": round(model, 5), "model_error": round(model / m - 1, 4), "model_runs": r5("model"),
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
             **{k: r5(k) for k in ("f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
@@ -99,8 +104,11 @@ def main() -> None:
                 _say(f"  {name} P={p}: forecast {c['forecast_step_s'] * 1e3:.1f} ms, measured "
                      f"{c['measured_step_s'] * 1e3:.1f} ms, error {c['error']:+.1%}")
     errs = [abs(c["error"]) for c in cases]
+    model_errs = [abs(c["model_error"]) for c in cases]
     print(json.dumps({"cases": cases, "mean_abs_error": round(statistics.mean(errs), 4),
                       "within_15pct": sum(e <= 0.15 for e in errs), "of": len(cases),
+                      "model_mean_abs_error": round(statistics.mean(model_errs), 4),
+                      "model_within_15pct": sum(e <= 0.15 for e in model_errs),
                       "machine_cores": psutil.cpu_count()}))
 
 

@@ -178,14 +178,20 @@ def test_waiting_for_jitter_is_sync_wait_not_communication():
 
 def test_under_an_outside_load_a_cause_smaller_than_the_load_is_only_likely():
     ctx = {**CTX, "external": {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}}
-    # At N: compute 14 ms (the neighbour's share: 14 x (1 - 1/1.475) = 4.5 ms), the exchange 3 ms, input 7 ms.
-    loaded = {"base": 0.024, "no_data": 0.017, "no_comm": 0.014}
+    # At N: compute 14 ms, 4 ms more than at 1 (within the 14 x (1 - 1/1.475) = 4.5 ms the neighbour can explain,
+    # so all 4 ms are its: 4/14 of the compute's time), the exchange 5 ms, input 7 ms.
+    loaded = {"base": 0.026, "no_data": 0.019, "no_comm": 0.014}
     res = causes(analyse(runs_for(ONE, loaded), 2, ctx, replicates=200))
-    assert res["external_load"]["verdict"] == "clear"
+    ext = res["external_load"]
+    assert ext["verdict"] == "clear"
+    # The exchange is the same ranks' threads: the neighbour took the same 4/14 of it (1.43 ms).
+    assert abs(ext["seconds_per_step"] - (0.004 + 0.005 * 4 / 14)) < 0.0005, ext
+    assert "ms of communication" in ext["evidence"]
     assert res["input"]["verdict"] == "clear"  # larger than the load: the job's own, load or not
     comm = res["communication"]
-    assert 0.002 < comm["seconds_per_step"] < 0.004
+    assert abs(comm["seconds_per_step"] - 0.005 * 10 / 14) < 0.0005
     assert comm["verdict"] == "likely" and comm["confounded_by"] == "external_load", comm
     assert "measure again without it" in comm["evidence"]
     quiet = causes(analyse(runs_for(ONE, loaded), 2, CTX, replicates=200))
     assert quiet["communication"]["verdict"] == "clear"  # the same numbers without a neighbour
+    assert abs(quiet["communication"]["seconds_per_step"] - 0.005) < 0.0005

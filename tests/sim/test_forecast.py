@@ -47,6 +47,38 @@ def test_cpu_host_step_is_cpu_demand_at_the_sharing_slowdown():
     assert forecast(job, cluster, Strategy(), [4])[0].step_time_s == pytest.approx(0.402)
 
 
+def test_a_measured_skeleton_anchors_the_calibrated_strategy_and_scales_the_others():
+    # Same host as above (model: 0.402 s at P=4 with 25 MB buckets). The job's skeleton measured 0.5 s there:
+    # the forecast of that strategy is the measurement, another strategy keeps the model's ratio to it.
+    job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0] * 4, cpu_s=0.2)
+    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
+                      comm_cpu={4: AlphaBeta(1e-3, 0.0)})
+    model_same, model_other = (forecast(job, cluster, Strategy(bucket_mb=b), [4])[0] for b in (25, 0))
+    cluster.replay = {4: {"step_s": 0.5, "bucket_mb": 25, "overlap": True}}
+    same, other = (forecast(job, cluster, Strategy(bucket_mb=b), [4])[0] for b in (25, 0))
+    assert same.step_time_s == pytest.approx(0.5) and same.model_step_s == pytest.approx(model_same.step_time_s)
+    assert same.samples_per_s == pytest.approx(4 * 1 / 0.5)  # 4 ranks x batch 1 per 0.5 s
+    assert other.step_time_s == pytest.approx(0.5 * model_other.step_time_s / model_same.step_time_s)
+    assert other.step_time_s > same.step_time_s  # one all-reduce per tensor costs more CPU than one bucket
+    # a world size without a skeleton stays the model's
+    assert forecast(job, cluster, Strategy(), [2])[0].model_step_s == 0.0
+
+
+def test_skeleton_splits_the_measured_cpu_and_readies_buckets_in_backward_order():
+    from trainscale.sim.calibrate import skeleton
+
+    layout = {"tensor_bytes": [3e6, 1e6, 4e6], "bucket_mb": 4e6 / 1024 / 1024, "overlap": True,
+              "buffer_bytes": 8.0, "broadcast_buffers": False}
+    single = {"cpu_s": 0.4, "threads": 2, "compute_s": 0.15, "step_s": 0.2}
+    sk = skeleton(layout, single)
+    # 0.2 CPU s per thread: 3/4 of it forward + backward, the rest after the exchange
+    assert sk["cpu_s"] == pytest.approx(0.15) and sk["rest_cpu_s"] == pytest.approx(0.05)
+    # a 1 MiB first bucket (DDP's), closed by the first tensor; then 4e6-byte buckets
+    assert sk["buckets"] == [3e6, 5e6] and sk["ready"] == pytest.approx([3 / 8, 1.0])
+    assert sk["buffer_bytes"] == 0.0  # broadcast_buffers off: nothing broadcast each forward
+    assert skeleton({**layout, "overlap": False}, single)["ready"] == [1.0, 1.0]
+
+
 def test_catalog_errors_name_what_is_accepted():
     with pytest.raises(ConfigError, match="--gpu = 'Z80': unknown GPU; one of P40, P100, V100, A100, H100"):
         gpu("Z80")

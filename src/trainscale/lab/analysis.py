@@ -289,7 +289,7 @@ def confounded_by_load(causes: list[dict[str, Any]]) -> None:
 
     The phases stay paired, but taking a part of the step away also takes away that part's exposure to the
     neighbour, and a blocking collective turns every descheduling of one rank into a wait for all: under a CPU hog
-    here, resnet18's exchange measured 22-24 ms/step against 3-8 ms on the quiet machine. A cause larger than the
+    here, resnet18's exchange measured 22-31 ms/step against 3-8 ms on the quiet machine. A cause larger than the
     neighbour's whole measured cost is the job's own whatever the load; a smaller one may be the neighbour's doing,
     and the report says to measure again without it.
     """
@@ -310,8 +310,10 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
     The neighbour cannot be switched off as an experiment, so the doctor reasons from what it measured: when
     the job's N processes x threads plus the outside load exceed the cores, time-sharing stretches compute at N
     by at most f = (job's threads + outside cores) / cores. That share of the N-process compute time
-    (``compute_n`` x (1 - 1/f)), and no more, moves from compute interference to ``external_load``; what the
-    neighbour cannot explain (an operator slow only at N, say) stays where it was measured.
+    (``compute_n`` x (1 - 1/f)), and no more than compute interference measured, moves to ``external_load``.
+    The exchange and the per-step waits are the same ranks' threads, stretched by the same measured share: that
+    fraction of ``communication`` and ``sync_wait`` moves too. What the neighbour cannot explain (an operator slow
+    only at N, an exchange the compute's stretch does not account for) stays where it was measured.
     """
     ext = ctx.get("external") or {}
     cores, used = ext.get("machine_cores") or 0, ext.get("cores") or 0.0
@@ -322,25 +324,34 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
     if need_n + used <= cores:
         return
     f = (need_n + used) / cores
-    ci = next(c for c in causes if c["name"] == "compute_interference")
+    by = {c["name"]: c for c in causes}
+    ci = by["compute_interference"]
     moved = [max(0.0, min(v, t * (1 - 1 / f))) for v, t in zip(ci["per_repeat_s"], compute_n)]
-    rest = [v - m for v, m in zip(ci["per_repeat_s"], moved)]
-    value = statistics.median(moved) if moved else 0.0
+    # The share of the N-process compute the neighbour took, per repeat (at most 1 - 1/f).
+    stretch = [m / t if t > 0 else 0.0 for m, t in zip(moved, compute_n)]
+    taken = {"compute_interference": moved}
+    for name in ("communication", "sync_wait"):
+        taken[name] = [max(0.0, v) * s for v, s in zip(by[name]["per_repeat_s"], stretch)]
+    total = [sum(parts) for parts in zip(*taken.values())]
+    value = statistics.median(total) if total else 0.0
     who = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in ext.get("top", [])[:3])
+    split = ", ".join(f"{statistics.median(v) * 1e3:.2f} ms of {k.replace('_', ' ')}" for k, v in taken.items())
     evidence = (f"outside the job, {used:.2f} of this machine's {cores} cores were busy while it ran: {who}; the job "
                 f"needs {need_n} at {n} processes ({need_1} at 1), so time-sharing stretches its compute at {n} up to "
-                f"{f:.2f}x: {value * 1e3:.2f} ms/step")
-    causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": moved,
+                f"{f:.2f}x; it took {statistics.median(stretch):.0%} of the compute's time at {n}, and that share of "
+                f"the exchange and the waits: {value * 1e3:.2f} ms/step ({split})")
+    causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": total,
                    "share": value / ci["seconds_per_step"] * ci["share"] if ci["seconds_per_step"] else float("nan"),
                    "evidence": evidence, "processes": ext.get("top", [])[:5], "apply_flags": {},
                    "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
                                  "or move the other work off this machine while training"})
-    # The exchange and the per-step waits need the CPU too, and a rank descheduled by the neighbour keeps every
-    # other rank waiting in the collective: how much of them is the neighbour's cannot be told apart from here.
-    for c in causes:
-        if c["name"] in ("communication", "sync_wait"):
-            c["evidence"] += (f"; measured while outside processes took {used:.2f} of {cores} cores, which also delays "
-                              "the collectives (a rank the neighbour deschedules keeps the others waiting)")
-    ci.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest,
-              share=(statistics.median(rest) / ci["seconds_per_step"] * ci["share"]) if ci["seconds_per_step"] else 0.0,
-              evidence=ci["evidence"] + f" ({value * 1e3:.2f} ms/step of it counted under external_load)")
+    for name, part in taken.items():
+        c = by[name]
+        rest = [v - m for v, m in zip(c["per_repeat_s"], part)]
+        old = c["seconds_per_step"]
+        c.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest)
+        c["share"] = c["seconds_per_step"] / old * c["share"] if old else 0.0
+        c["evidence"] += (f" ({statistics.median(part) * 1e3:.2f} ms/step of it counted under external_load"
+                          + ("" if name == "compute_interference" else
+                             f"; measured while outside processes took {used:.2f} of {cores} cores, which also "
+                             "delays the collectives: a rank the neighbour deschedules keeps the others waiting") + ")")

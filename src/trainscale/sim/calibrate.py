@@ -3,7 +3,8 @@
 1. the job's gradient tensors (sizes in backward order), buffers and FLOPs, from the model itself;
 2. its 1-process step (``trainscale train --nproc 1 --job.threads T``) at each thread count a rank will get;
 3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept, and
-   its CPU seconds fitted the same way) and the share of a core each of P busy ranks gets on this host now,
+   its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
+   the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
    in one ``trainscale launch`` of :mod:`.probe`.
 
 Example::
@@ -56,16 +57,40 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
     y = torch.randint(0, info.num_classes, (cfg.data.batch_size,))
     with FlopCounterMode(display=False) as fc:
         torch.nn.functional.cross_entropy(model(x), y).backward()
+    st = cfg.strategy
     return {"tensor_bytes": tensor_bytes, "buffer_bytes": buffers, "params": sum(p.numel() for p in params),
-            "flops_per_step": float(fc.get_total_flops()), "job": job_key(config_to_dict(cfg))}
+            "flops_per_step": float(fc.get_total_flops()), "job": job_key(config_to_dict(cfg)),
+            # auto picks among candidates at run time; the skeleton takes DDP's default for it
+            "bucket_mb": 25.0 if st.bucket_mb == "auto" else float(st.bucket_mb), "overlap": bool(st.overlap),
+            "broadcast_buffers": bool(st.broadcast_buffers)}
 
 
-def _probe(nproc: int, timeout: float) -> dict[str, Any]:
+def skeleton(layout: dict[str, Any], single: dict[str, float]) -> dict[str, Any]:
+    """The job's step as the probe replays it: one thread's CPU seconds and the buckets with their ready points.
+
+    The 1-process run's CPU per step (all threads) is split evenly over its threads, and into forward + backward
+    (``compute_s`` of ``step_s``) and the rest (optimizer, loop), which runs after the exchange.
+    """
+    from .step import make_buckets, ready_at
+
+    per_thread = single["cpu_s"] / max(1, int(single["threads"]))
+    fb = min(1.0, single["compute_s"] / single["step_s"]) if single["step_s"] > 0 else 1.0
+    buckets = make_buckets(layout["tensor_bytes"], layout["bucket_mb"] * 1024 * 1024)
+    ready = ready_at(buckets, layout["tensor_bytes"], 1.0) if layout["overlap"] else [1.0] * len(buckets)
+    return {"cpu_s": per_thread * fb, "rest_cpu_s": per_thread * (1 - fb), "backward_share": 2 / 3,
+            "buckets": buckets, "ready": ready,
+            "buffer_bytes": layout["buffer_bytes"] if layout["broadcast_buffers"] else 0.0,
+            "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"]}
+
+
+def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None = None) -> dict[str, Any]:
     """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun)."""
     with tempfile.TemporaryDirectory(prefix="trainscale-probe-") as tmp:
         out = Path(tmp) / "probe.json"
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), "-m",
-               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES]
+               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
+        if sk:
+            cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         from ..lab.runner import communicate_or_kill
 
@@ -118,22 +143,26 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             say(f"calibrate: 1 process, {t} thread(s)")
             single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
             commands.append(cmd)
-    allreduce, share = {}, {}
+    allreduce, share, replay = {}, {}, {}
     for p in (n for n in nprocs if n > 1):
-        say(f"calibrate: all-reduce and CPU share on {p} processes")
-        d = _probe(p, timeout)
+        say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes")
+        t = max(1, n_cores // p)
+        sk = skeleton(layout, single[str(t)])
+        d = _probe(p, timeout, t, sk)
         ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
         cpu, _ = fit_alpha_beta([tuple(x) for x in d["allreduce_cpu"]])
         allreduce[str(p)] = {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
                              "threads": d.get("threads"), "cpu_alpha": cpu.alpha, "cpu_beta": cpu.beta,
                              "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
         share[str(p)] = float(d["share"])
+        replay[str(p)] = {**d["skeleton"], "bucket_mb": sk["bucket_mb"], "overlap": sk["overlap"],
+                          "buckets": len(sk["buckets"]), "threads": t}
         commands.append(d["command"])
         say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
             f"residual {resid:.0%}, CPU {cpu.alpha * 1e6:.0f} us + {cpu.beta * 1e9:.3f} ns/B per call, "
-            f"core share {share[str(p)]:.2f}")
+            f"core share {share[str(p)]:.2f}, skeleton step {replay[str(p)]['step_s'] * 1e3:.1f} ms")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, share,
-                      machine=f"{platform.node()}, {n_cores} cores", commands=commands)
+                      machine=f"{platform.node()}, {n_cores} cores", commands=commands, replay=replay)
     cal.save(out)
     return cal

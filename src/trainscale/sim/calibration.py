@@ -68,6 +68,7 @@ class Calibration:
     single: dict[str, dict[str, float]]  # threads -> {step_s, compute_s, spread, samples_per_s, cpu_s, mean_step_s}
     allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, cpu_alpha, cpu_beta, ...}
     share: dict[str, float] = field(default_factory=dict)               # P -> core share of each of P busy ranks
+    replay: dict[str, dict[str, Any]] = field(default_factory=dict)     # P -> the job's skeleton step (probe.py)
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -123,4 +124,5 @@ class Calibration:
         one = single[min(single)]
         return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted, comm_cpu=cpu,
                        share={int(p): float(v) for p, v in self.share.items()}, single=single, cores=self.cores,
+                       replay={int(p): v for p, v in self.replay.items()},
                        outside=outside_threads(one.core_share, one.threads, self.cores))

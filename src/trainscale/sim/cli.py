@@ -287,7 +287,9 @@ def main(argv: list[str]) -> int:
         job = cal.base_job(cal.cores)
         assumptions.update({"machine": cal.machine, "calibrated_nproc": sorted(int(p) for p in cal.allreduce),
                             "extrapolated_nproc": missing, "core_share": cal.share,
-                            "outside_threads": round(cluster.outside, 2)})
+                            "outside_threads": round(cluster.outside, 2),
+                            # the forecast at these P is anchored on the job's skeleton measured there
+                            "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()}})
         title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
     points = forecast(job, cluster, strategy, worlds)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)

@@ -75,6 +75,7 @@ class Cluster:
     single: dict[int, Job] = field(default_factory=dict)         # CPU host: the 1-process job per thread count
     cores: int = 0                            # CPU host: cores shared by the ranks
     outside: float = 0.0                      # CPU host: other programs' runnable threads (extrapolation)
+    replay: dict[int, dict[str, Any]] = field(default_factory=dict)  # CPU host: P -> the job's skeleton step
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
 
@@ -214,6 +215,7 @@ class Point:
     comm_overhead_s: float  # step time at P minus the 1-device step (seed 002's definition)
     bound: str              # what bounds the step: compute, communication, bubble, straggler, input, server
     strategy: str = ""
+    model_step_s: float = 0.0  # the cost model's step before anchoring on a measured skeleton (0: not anchored)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -315,12 +317,29 @@ def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, b
                  0.0, max(0.0, update - busy_s - push_pull), 0.0, bound, s.label())
 
 
+def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
+    """On a calibrated host, the model's point scaled so the calibrated strategy gives its skeleton's measured step.
+
+    The skeleton (``sim/probe.py``) ran the job's CPU demand and buckets on P ranks of this host, so it saw what
+    processor sharing alone does not: ranks blocked in a collective leave their cores idle, a late rank keeps the
+    others waiting. The model keeps what it is for: how another strategy changes the step, relative to that.
+    """
+    r = cluster.replay.get(p.world_size)
+    if not r or s.ps_mode or p.world_size <= 1:
+        return p
+    ref = _step(job, cluster, Strategy(bucket_mb=float(r["bucket_mb"]), overlap=bool(r["overlap"])), p.world_size)
+    k = float(r["step_s"]) / ref.step_time_s
+    return replace(p, step_time_s=p.step_time_s * k, samples_per_s=p.samples_per_s / k, compute_s=p.compute_s * k,
+                   comm_exposed_s=p.comm_exposed_s * k, comm_total_s=p.comm_total_s * k, bubble_s=p.bubble_s * k,
+                   straggler_s=p.straggler_s * k, model_step_s=p.step_time_s)
+
+
 def forecast(job: Job, cluster: Cluster, strategy: Strategy, worlds: list[int]) -> list[Point]:
     """The forecast at each world size; speed-up and efficiency against one device of the same job."""
     one = _step(job, cluster, Strategy(), 1)
     points = []
     for w in worlds:
-        p = _step(job, cluster, strategy, w)
+        p = _anchored(_step(job, cluster, strategy, w), job, cluster, strategy)
         p.speedup = p.samples_per_s / one.samples_per_s
         p.efficiency = p.speedup / w
         p.comm_overhead_s = p.step_time_s - one.step_time_s

@@ -1,5 +1,6 @@
 """One rank of the calibration probe, started by ``trainscale launch`` (torchrun): the backend's
-all-reduce time and CPU cost at several sizes, and the share of a core each of P busy ranks gets.
+all-reduce time and CPU cost at several sizes, the share of a core each of P busy ranks gets, and (given the
+job's CPU demand and buckets) the step of a skeleton of the job: its CPU spun, its buckets all-reduced.
 
 Run by ``trainscale plan calibrate``; by hand::
 
@@ -64,18 +65,72 @@ def _spin_share(seconds: float) -> float:
     return (time.process_time() - c0) / (time.perf_counter() - t0)
 
 
+def _skeleton(sk: dict, steps: int, budget_s: float) -> list[float]:
+    """Wall seconds of each step of the job's skeleton on this rank, after two warm-up steps.
+
+    ``sk``: ``cpu_s`` (this thread's CPU seconds of forward + backward), ``rest_cpu_s`` (optimizer and loop,
+    after the exchange), ``backward_share``, ``buckets`` (bytes, in backward order), ``ready`` (each bucket's
+    ready point as a share of backward), ``buffer_bytes`` (broadcast from rank 0 every forward). The CPU is
+    spun with small matmuls until this thread has used it, so a rank that the host deschedules takes longer,
+    as the job's rank would; the buckets are queued as backward reaches them and waited at its end, as DDP does.
+    On a time-shared host this is what the free-spin share misses: ranks blocked in a collective give their
+    core away, and a late rank keeps the others waiting.
+    """
+    a = torch.rand(128, 128) if torch.get_num_threads() == 1 else torch.rand(384, 384)
+    grads = [torch.zeros(max(1, int(b) // 4)) for b in sk["buckets"]]
+    buf = torch.zeros(max(1, int(sk.get("buffer_bytes", 0)) // 4)) if sk.get("buffer_bytes") else None
+    fwd = sk["cpu_s"] * (1 - sk["backward_share"])
+    bwd = sk["cpu_s"] * sk["backward_share"]
+
+    def spin(until: float) -> None:
+        while time.thread_time() < until:
+            a @ a
+
+    times: list[float] = []
+    dist.barrier()
+    t_start = time.perf_counter()
+    for i in range(steps + 2):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        if buf is not None:
+            dist.broadcast(buf, 0)
+        spin(c0 + fwd)
+        works = []
+        for g, r in zip(grads, sk["ready"]):
+            spin(c0 + fwd + r * bwd)
+            works.append(dist.all_reduce(g, async_op=True))
+        spin(c0 + fwd + bwd)
+        for w in works:
+            w.wait()
+        spin(c0 + fwd + bwd + sk.get("rest_cpu_s", 0.0))
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+        # Every rank must run the same steps: stop together once the budget is spent (after the minimum).
+        if i >= 6:
+            done = torch.tensor([float(time.perf_counter() - t_start > budget_s)])
+            dist.all_reduce(done, op=dist.ReduceOp.MAX)
+            if done.item():
+                break
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="trainscale.sim.probe")
     p.add_argument("--out", required=True)
     p.add_argument("--sizes", default="4096,65536,1048576,4194304")
     p.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size")
     p.add_argument("--spin", type=float, default=1.0, help="seconds of the CPU-share measurement")
+    p.add_argument("--skeleton", default="", help="JSON of the job's skeleton (see _skeleton); empty: none")
+    p.add_argument("--skeleton-steps", type=int, default=40, help="most skeleton steps measured")
+    p.add_argument("--skeleton-budget", type=float, default=4.0, help="seconds of skeleton steps (at least 5)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: torch's default)")
     a = p.parse_args(argv)
     import datetime
 
     # A stuck rank fails the probe within two minutes instead of hanging the calibration.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     out: dict = {"world_size": world, "threads": torch.get_num_threads(), "allreduce": [], "allreduce_queued": [],
                  "allreduce_cpu": []}
     for n in (int(s) for s in a.sizes.split(",")):
@@ -89,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     shares = [None] * world
     dist.all_gather_object(shares, _spin_share(a.spin))
     out["share"] = statistics.median(shares)
+    if a.skeleton:
+        steps = _skeleton(json.loads(a.skeleton), a.skeleton_steps, a.skeleton_budget)
+        medians = [None] * world
+        dist.all_gather_object(medians, statistics.median(steps))
+        # Synchronised ranks: the job's step is its slowest rank's.
+        out["skeleton"] = {"step_s": max(medians), "rank_step_s": medians, "steps": len(steps)}
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(out, f)
