@@ -2,8 +2,8 @@
 said about runs already measured (no job is run).
 
 Each folder is a ``trainscale doctor --out DIR`` result; its ``runs/phases_n*_r*.json`` are read back as the
-doctor read them, and the causes are printed before (``doctor.json``) and after (the current analysis). The
-second-level experiments (sleep test, profiles, thread counts) are not re-read: their causes are left out.
+doctor read them, with the second-level experiments where it ran them (``sleep_*``, ``profile_*``,
+``threads*_*``), and the causes are printed before (``doctor.json``) and after (the current analysis).
 
     PYTHONPATH=src python benchmarks/doctor_reanalyse.py DIR [DIR ...]
 
@@ -31,6 +31,27 @@ def phased_runs(folder: Path) -> dict[tuple[str, int], list[dict]]:
     return runs
 
 
+def second_level(folder: Path, runs: dict[tuple[str, int], list[dict]]) -> dict:
+    """The sleep test's runs (added to ``runs``), the operator profiles and the thread trials, as the doctor had them."""
+    for f in sorted(folder.glob("runs/sleep_n*_r*.json")):
+        runs.setdefault(("sleep", int(re.search(r"_n(\d+)_", f.name).group(1))), []).append(json.loads(f.read_text()))
+    kw: dict = {}
+    prof = []
+    for f in sorted(folder.glob("runs/profile_n*_r0.json"), key=lambda f: int(re.search(r"_n(\d+)_", f.name).group(1))):
+        path = Path(json.loads(f.read_text()).get("profile_json") or "")
+        path = path if path.is_file() else f.with_suffix("") / path.name  # the folder may have moved
+        if path.is_file():
+            prof.append(json.loads(path.read_text()))
+    if len(prof) == 2:
+        kw["profiles"] = tuple(prof)
+    threads: dict[int, list[dict]] = {}
+    for f in sorted(folder.glob("runs/threads*_n*_r*.json")):
+        threads.setdefault(int(re.match(r"threads(\d+)_", f.name).group(1)), []).append(json.loads(f.read_text()))
+    if threads:
+        kw["threads"] = threads
+    return kw
+
+
 def top(causes: list[dict], n: int = 3) -> list[tuple[str, str, float]]:
     return [(c["name"], c["verdict"], round(c["seconds_per_step"] * 1e3, 2)) for c in causes[:n]]
 
@@ -41,7 +62,8 @@ def main() -> None:
     out = {}
     for d in p.parse_args().folders:
         doc = json.loads((d / "doctor.json").read_text())
-        res = analyse(phased_runs(d), doc["nproc"], {"external": doc.get("external")})
+        runs = phased_runs(d)
+        res = analyse(runs, doc["nproc"], {"external": doc.get("external")}, **second_level(d, runs))
         out[str(d)] = {"before": top(doc["causes"]), "after": top(res["causes"]), "efficiency": res["efficiency"]}
         print(f"{d}: efficiency {res['efficiency']:.1%}\n  before {out[str(d)]['before']}\n  after  {out[str(d)]['after']}")
     print(json.dumps(out))
