@@ -198,8 +198,10 @@ def _calibrate_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="trainscale plan calibrate", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Measure the job on this machine in one short session: its 1-process step "
                                             "at each thread count a rank will get, and per process count the "
-                                            "backend's all-reduce (alpha, beta, residual) and the compute slow-down of "
-                                            "ranks sharing the cores. Other options go to `trainscale train`.",
+                                            "backend's all-reduce (alpha, beta, residual), the compute slow-down of "
+                                            "ranks sharing the cores, and a skeleton of the job's step (its measured "
+                                            "CPU, its buckets all-reduced as backward readies them) that anchors the "
+                                            "forecast of this machine. Other options go to `trainscale train`.",
                                 epilog="example:\n  trainscale plan calibrate --nproc 2,3,4 --out cal.json --model mlp")
     p.add_argument("--nproc", default="2,4", help="process counts to measure all-reduce at (default 2,4)")
     p.add_argument("--out", default="plan-calibration.json", help="calibration file to write")
