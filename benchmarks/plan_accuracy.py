@@ -1,6 +1,7 @@
 """Accuracy of ``trainscale plan`` on this machine: forecast vs measured median step time at 2, 3, 4 processes.
 
-For each job and process count P: calibrate (the 1-process run + the all-reduce/CPU-share probe at P), forecast,
+For each job and process count P: calibrate (the 1-process run + the probe at P: all-reduce fit, core share and
+the job's skeleton, which anchors the forecast; the cost model alone is reported beside it), forecast,
 then measure ``trainscale train --nproc P`` right after; rounds alternate the order of P, medians are compared.
 The load other programs put on the host is recorded beside each measurement (psutil). Output contract: the last
 stdout line is one JSON object ({"cases": [...], "mean_abs_error": ..., "within_15pct": ...}).
@@ -79,7 +80,7 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "model_step_s": round(model, 5), "model_error": round(model / m - 1, 4), "model_runs": r5("model"),
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
-            **{k: r5(k) for k in ("f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
+            **{k: r5(k) for k in ("skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
                                   "core_share", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
 
 
