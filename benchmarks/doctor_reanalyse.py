@@ -21,11 +21,16 @@ from trainscale.lab.analysis import analyse
 from trainscale.lab.doctor import phase_parts
 
 
+def _nproc(f: Path) -> int:
+    """Process count of a saved run, from its name (``<experiment>_n<k>_r<repeat>.json``)."""
+    return int(re.search(r"_n(\d+)_", f.name).group(1))
+
+
 def phased_runs(folder: Path) -> dict[tuple[str, int], list[dict]]:
     """The doctor's runs of ``folder``, one summary per phase and process count, in repeat order."""
     runs: dict[tuple[str, int], list[dict]] = {}
     for f in sorted(folder.glob("runs/phases_n*_r*.json")):
-        k = int(re.search(r"_n(\d+)_", f.name).group(1))
+        k = _nproc(f)
         for phase, part in phase_parts(json.loads(f.read_text())).items():
             runs.setdefault((phase, k), []).append(part)
     return runs
@@ -34,10 +39,10 @@ def phased_runs(folder: Path) -> dict[tuple[str, int], list[dict]]:
 def second_level(folder: Path, runs: dict[tuple[str, int], list[dict]]) -> dict:
     """The sleep test's runs (added to ``runs``), the operator profiles and the thread trials, as the doctor had them."""
     for f in sorted(folder.glob("runs/sleep_n*_r*.json")):
-        runs.setdefault(("sleep", int(re.search(r"_n(\d+)_", f.name).group(1))), []).append(json.loads(f.read_text()))
+        runs.setdefault(("sleep", _nproc(f)), []).append(json.loads(f.read_text()))
     kw: dict = {}
     prof = []
-    for f in sorted(folder.glob("runs/profile_n*_r0.json"), key=lambda f: int(re.search(r"_n(\d+)_", f.name).group(1))):
+    for f in sorted(folder.glob("runs/profile_n*_r0.json"), key=_nproc):
         path = Path(json.loads(f.read_text()).get("profile_json") or "")
         path = path if path.is_file() else f.with_suffix("") / path.name  # the folder may have moved
         if path.is_file():

@@ -79,8 +79,7 @@ def skeleton(layout: dict[str, Any], single: dict[str, float]) -> dict[str, Any]
     ready = ready_at(buckets, layout["tensor_bytes"], 1.0) if layout["overlap"] else [1.0] * len(buckets)
     return {"cpu_s": per_thread * fb, "rest_cpu_s": per_thread * (1 - fb), "backward_share": 2 / 3,
             "buckets": buckets, "ready": ready,
-            "buffer_bytes": layout["buffer_bytes"] if layout["broadcast_buffers"] else 0.0,
-            "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"]}
+            "buffer_bytes": layout["buffer_bytes"] if layout["broadcast_buffers"] else 0.0}
 
 
 def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -155,7 +154,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
                              "threads": d.get("threads"), "cpu_alpha": cpu.alpha, "cpu_beta": cpu.beta,
                              "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
         share[str(p)] = float(d["share"])
-        replay[str(p)] = {**d["skeleton"], "bucket_mb": sk["bucket_mb"], "overlap": sk["overlap"],
+        replay[str(p)] = {**d["skeleton"], "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"],
                           "buckets": len(sk["buckets"]), "threads": t}
         commands.append(d["command"])
         say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "

@@ -78,7 +78,8 @@ def _skeleton(sk: dict, steps: int, budget_s: float) -> list[float]:
     """
     a = torch.rand(128, 128) if torch.get_num_threads() == 1 else torch.rand(384, 384)
     grads = [torch.zeros(max(1, int(b) // 4)) for b in sk["buckets"]]
-    buf = torch.zeros(max(1, int(sk.get("buffer_bytes", 0)) // 4)) if sk.get("buffer_bytes") else None
+    buffer_bytes = int(sk.get("buffer_bytes") or 0)
+    buf = torch.zeros(max(1, buffer_bytes // 4)) if buffer_bytes else None
     fwd = sk["cpu_s"] * (1 - sk["backward_share"])
     bwd = sk["cpu_s"] * sk["backward_share"]
 
