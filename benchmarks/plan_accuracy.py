@@ -1,8 +1,9 @@
 """Accuracy of ``trainscale plan`` on this machine: forecast vs measured median step time at 2, 3, 4 processes.
 
 For each job and process count P: calibrate (the 1-process run + the probe at P: all-reduce fit, core share and
-the job's skeleton, which anchors the forecast; the cost model alone is reported beside it), forecast,
-then measure ``trainscale train --nproc P`` right after; rounds alternate the order of P, medians are compared.
+the job's skeleton, which anchors the forecast; the cost model alone is reported beside it) and forecast, measure
+``trainscale train --nproc P``, then calibrate and forecast again: the forecast is the mean of the two around the
+measurement. Rounds alternate the order of P; medians are compared.
 The load other programs put on the host is recorded beside each measurement (psutil). Output contract: the last
 stdout line is one JSON object ({"cases": [...], "mean_abs_error": ..., "within_15pct": ...}).
 
@@ -44,25 +45,41 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _one(name: str, p: int, tmp: Path, r: int) -> dict:
-    """Calibrate, forecast, then measure ``name`` on ``p`` processes; both parts with the host's load."""
+def _forecast(name: str, p: int, path: Path) -> tuple[object, dict, dict]:
+    """Calibrate ``name`` at ``p`` processes and forecast its step; with the host's load during the calibration."""
     args = JOBS[name]
-    with LoadMonitor() as cal_load:
-        cal = calibrate(args, [p], tmp / f"{name}-{p}.json", say=lambda m: _say("  " + m), with_base=False)
+    with LoadMonitor() as load:
+        cal = calibrate(args, [p], path, say=lambda m: _say("  " + m), with_base=False)
     f = forecast(cal.base_job(cal.cores), cal.cluster(p), _strategy(args), [p])[0]
+    return f, cal, load.report()
+
+
+def _one(name: str, p: int, tmp: Path, r: int) -> dict:
+    """Calibrate, measure ``name`` on ``p`` processes, calibrate again: the two forecasts bracket the measurement.
+
+    This host's speed drifts over minutes (its neighbours on the physical machine are not visible from here):
+    the mean of a forecast calibrated just before and one just after cancels a drift that is linear in time.
+    """
+    before, cal, cal_load = _forecast(name, p, tmp / f"{name}-{p}-before.json")
     with LoadMonitor() as run_load:
-        s = run_train(RunSpec(p, args, tmp / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
+        s = run_train(RunSpec(p, JOBS[name], tmp / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
+    after, cal_after, _ = _forecast(name, p, tmp / f"{name}-{p}-after.json")
+    step = (before.step_time_s + after.step_time_s) / 2
+    model = ((before.model_step_s or before.step_time_s) + (after.model_step_s or after.step_time_s)) / 2
     one = next(iter(cal.single.values()))
     m = job_step_time(s)
-    _say(f"  forecast {f.step_time_s * 1e3:.1f} ms (compute {f.compute_s * 1e3:.1f}, comm {f.comm_exposed_s * 1e3:.1f}; "
-         f"model alone {(f.model_step_s or f.step_time_s) * 1e3:.1f}), "
+    _say(f"  forecast {step * 1e3:.1f} ms (before {before.step_time_s * 1e3:.1f}, after {after.step_time_s * 1e3:.1f}; "
+         f"compute {before.compute_s * 1e3:.1f}, comm {before.comm_exposed_s * 1e3:.1f}; model alone {model * 1e3:.1f}), "
          f"measured {m * 1e3:.1f} ms (compute {max(s['rank_compute_s']) * 1e3:.1f}); other programs "
-         f"{cal_load.report()['cores']:.2f} / {run_load.report()['cores']:.2f} cores")
-    return {"forecast": f.step_time_s, "measured": m, "model": f.model_step_s or f.step_time_s,
-            "skeleton": cal.replay.get(str(p), {}).get("step_s"), "f_compute": f.compute_s, "f_comm": f.comm_exposed_s,
-            "f_bound": f.bound, "m_compute": max(s["rank_compute_s"]), "m_cpu": max(s.get("rank_cpu_s") or [0.0]),
-            "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"], "core_share": cal.share.get(str(p)),
-            "outside_cores_cal": cal_load.report()["cores"], "outside_cores_run": run_load.report()["cores"],
+         f"{cal_load['cores']:.2f} / {run_load.report()['cores']:.2f} cores")
+    return {"forecast": step, "measured": m, "model": model, "forecast_before": before.step_time_s,
+            "forecast_after": after.step_time_s, "skeleton": cal.replay.get(str(p), {}).get("step_s"),
+            "f_compute": before.compute_s, "f_comm": before.comm_exposed_s,
+            "f_bound": before.bound, "m_compute": max(s["rank_compute_s"]), "m_cpu": max(s.get("rank_cpu_s") or [0.0]),
+            "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"],
+            "single_wall_after": next(iter(cal_after.single.values()))["mean_step_s"],
+            "core_share": cal.share.get(str(p)),
+            "outside_cores_cal": cal_load["cores"], "outside_cores_run": run_load.report()["cores"],
             "loadavg_1m": psutil.getloadavg()[0]}
 
 
@@ -80,8 +97,8 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "model_step_s": round(model, 5), "model_error": round(model / m - 1, 4), "model_runs": r5("model"),
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
-            **{k: r5(k) for k in ("skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
-                                  "core_share", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+            **{k: r5(k) for k in ("forecast_before", "forecast_after", "skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
+                                  "single_wall_after", "core_share", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
 
 
 def main() -> None:
