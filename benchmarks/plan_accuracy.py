@@ -45,25 +45,25 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _forecast(name: str, p: int, path: Path) -> tuple[object, dict, dict]:
+def _forecast(name: str, p: int, path: Path, interference: bool) -> tuple[object, dict, dict]:
     """Calibrate ``name`` at ``p`` processes and forecast its step; with the host's load during the calibration."""
     args = JOBS[name]
     with LoadMonitor() as load:
-        cal = calibrate(args, [p], path, say=lambda m: _say("  " + m), with_base=False)
+        cal = calibrate(args, [p], path, say=lambda m: _say("  " + m), with_base=False, interference=interference)
     f = forecast(cal.base_job(cal.cores), cal.cluster(p), _strategy(args), [p])[0]
     return f, cal, load.report()
 
 
-def _one(name: str, p: int, tmp: Path, r: int) -> dict:
+def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
     """Calibrate, measure ``name`` on ``p`` processes, calibrate again: the two forecasts bracket the measurement.
 
     This host's speed drifts over minutes (its neighbours on the physical machine are not visible from here):
     the mean of a forecast calibrated just before and one just after cancels a drift that is linear in time.
     """
-    before, cal, cal_load = _forecast(name, p, tmp / f"{name}-{p}-before.json")
+    before, cal, cal_load = _forecast(name, p, tmp / f"{name}-{p}-before.json", interference)
     with LoadMonitor() as run_load:
         s = run_train(RunSpec(p, JOBS[name], tmp / f"{name}-{p}-{r}.json", f"{p} processes"), 600)
-    after, cal_after, _ = _forecast(name, p, tmp / f"{name}-{p}-after.json")
+    after, cal_after, _ = _forecast(name, p, tmp / f"{name}-{p}-after.json", interference)
     step = (before.step_time_s + after.step_time_s) / 2
     model = ((before.model_step_s or before.step_time_s) + (after.model_step_s or after.step_time_s)) / 2
     one = next(iter(cal.single.values()))
@@ -79,6 +79,7 @@ def _one(name: str, p: int, tmp: Path, r: int) -> dict:
             "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"],
             "single_wall_after": next(iter(cal_after.single.values()))["mean_step_s"],
             "core_share": cal.share.get(str(p)),
+            "inflation": [c.inflation.get(str(p), {}).get("factor") for c in (cal, cal_after)],
             "outside_cores_cal": cal_load["cores"], "outside_cores_run": run_load.report()["cores"],
             "loadavg_1m": psutil.getloadavg()[0]}
 
@@ -95,16 +96,21 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "error": round(f / m - 1, 4), "forecast_runs": r5("forecast"), "measured_runs": r5("measured"),
             # the cost model alone (processor sharing + the all-reduce fit), before the skeleton anchors it
             "model_step_s": round(model, 5), "model_error": round(model / m - 1, 4), "model_runs": r5("model"),
+            # each side of the bracket alone: what one calibration before (or after) the measurement would give
+            "error_before_only": round(statistics.median(x["forecast_before"] for x in runs) / m - 1, 4),
+            "error_after_only": round(statistics.median(x["forecast_after"] for x in runs) / m - 1, 4),
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
             **{k: r5(k) for k in ("forecast_before", "forecast_after", "skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
-                                  "single_wall_after", "core_share", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+                                  "single_wall_after", "core_share", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=2, help="calibrate+measure rounds per case (median taken)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="any of " + ", ".join(JOBS))
+    ap.add_argument("--interference", action="store_true",
+                    help="calibrate with `plan calibrate --interference` (the job's compute on P ranks, no exchange)")
     a = ap.parse_args()
     cases = []
     with tempfile.TemporaryDirectory(prefix="plan-acc-") as tmp:
@@ -115,7 +121,7 @@ def main() -> None:
                 # before the measurement it is compared with, and rounds alternate the order of P.
                 for p in (NPROC if r % 2 == 0 else NPROC[::-1]):
                     _say(f"[{name}] P={p} round {r + 1}")
-                    runs[p].append(_one(name, p, Path(tmp), r))
+                    runs[p].append(_one(name, p, Path(tmp), r, a.interference))
             for p in NPROC:
                 cases.append(_case(name, p, runs[p]))
                 c = cases[-1]
@@ -130,7 +136,7 @@ def main() -> None:
                       # the acceptance counts jobs within 15% at every process count
                       "jobs_within_15pct_at_every_p": sorted({c["job"] for c in cases} - {
                           c["job"] for c in cases if abs(c["error"]) > 0.15}),
-                      "machine_cores": psutil.cpu_count()}))
+                      "interference": a.interference, "machine_cores": psutil.cpu_count()}))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,9 @@ def test_skeleton_splits_the_measured_cpu_and_readies_buckets_in_backward_order(
     assert sk["buckets"] == [3e6, 5e6] and sk["ready"] == pytest.approx([3 / 8, 1.0])
     assert sk["buffer_bytes"] == 0.0  # broadcast_buffers off: nothing broadcast each forward
     assert skeleton({**layout, "overlap": False}, single)["ready"] == [1.0, 1.0]
+    # a measured inflation of the job's compute on P ranks (calibrate --interference) scales both parts
+    inflated = skeleton(layout, single, 1.25)
+    assert inflated["cpu_s"] == pytest.approx(0.1875) and inflated["rest_cpu_s"] == pytest.approx(0.0625)
 
 
 def test_catalog_errors_name_what_is_accepted():

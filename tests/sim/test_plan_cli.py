@@ -49,18 +49,25 @@ def test_seed000_json_shape_and_doctor_verdict(tmp_path):
 def test_calibrate_then_plan_tiny_job(tmp_path):
     cal = tmp_path / "cal.json"
     train = ["--model", "mlp", "--data", "digits", "--steps", "12", "--log.skip_first", "2"]
-    r = run_cli(["plan", "calibrate", "--nproc", "2", "--out", str(cal), *train], timeout=240)
+    r = run_cli(["plan", "calibrate", "--nproc", "2", "--interference", "--out", str(cal), *train], timeout=240)
     assert r.rc == 0, r.err
     data = json.loads(cal.read_text())
     assert data["allreduce"]["2"]["alpha"] >= 0 and "residual" in data["allreduce"]["2"]
+    # --interference: the job's compute ran on 2 ranks without the exchange, and the skeleton spun its CPU
+    inf, one = data["inflation"]["2"], data["single"][str(max(1, data["cores"] // 2))]  # a rank's threads
+    assert len(inf["rank_cpu_s"]) == 2 and inf["factor"] == pytest.approx(inf["cpu_s"] / one["cpu_s"])
+    assert data["replay"]["2"]["spin_cpu_s"] == pytest.approx(one["cpu_s"] * inf["factor"])
+    assert any("--ablate.comm true --ablate.data true" in c for c in data["commands"])
     # what the CPU-host model stands on: Gloo's CPU per all-reduce, the core share at P, CPU seconds per step
     assert data["allreduce"]["2"]["cpu_alpha"] >= 0 and data["allreduce"]["2"]["cpu_beta"] >= 0
     assert 0 < data["share"]["2"] <= 1.0 and all(v["cpu_s"] > 0 for v in data["single"].values())
     r = run_cli(["plan", "--calibration", str(cal), "--nproc", "1,2", "--json", str(tmp_path / "p.json"),
                  "--out", str(tmp_path / "plan"), *train], timeout=60)
     assert r.rc == 0, r.err
-    pts = json.loads((tmp_path / "p.json").read_text())["points"]
+    plan = json.loads((tmp_path / "p.json").read_text())
+    pts = plan["points"]
     assert [p["world_size"] for p in pts] == [1, 2] and pts[1]["step_time_s"] > 0
+    assert plan["assumptions"]["compute_inflation"] == {"2": round(inf["factor"], 4)}
     # the same calibration refuses another job
     r = run_cli(["plan", "--calibration", str(cal), "--nproc", "1,2", "--out", str(tmp_path / "p2"),
                  "--model", "resnet18"], timeout=60)

@@ -5,7 +5,10 @@
 3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept, and
    its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
    the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
-   in one ``trainscale launch`` of :mod:`.probe`.
+   in one ``trainscale launch`` of :mod:`.probe`;
+4. with ``interference``, before the probe: the job's own compute on P ranks with the exchange and the loading
+   switched off (the doctor's experiment switches), whose CPU per step over the 1-process one is how much the
+   job's work inflates when P ranks share this host's caches and cores; the skeleton spins that much more.
 
 Example::
 
@@ -65,15 +68,16 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
             "broadcast_buffers": bool(st.broadcast_buffers)}
 
 
-def skeleton(layout: dict[str, Any], single: dict[str, float]) -> dict[str, Any]:
+def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float = 1.0) -> dict[str, Any]:
     """The job's step as the probe replays it: one thread's CPU seconds and the buckets with their ready points.
 
     The 1-process run's CPU per step (all threads) is split evenly over its threads, and into forward + backward
-    (``compute_s`` of ``step_s``) and the rest (optimizer, loop), which runs after the exchange.
+    (``compute_s`` of ``step_s``) and the rest (optimizer, loop), which runs after the exchange. ``inflation``
+    scales that CPU (the measured factor of :func:`_inflation`; 1: the 1-process CPU as it is).
     """
     from .step import make_buckets, ready_at
 
-    per_thread = single["cpu_s"] / max(1, int(single["threads"]))
+    per_thread = single["cpu_s"] * inflation / max(1, int(single["threads"]))
     fb = min(1.0, single["compute_s"] / single["step_s"]) if single["step_s"] > 0 else 1.0
     buckets = make_buckets(layout["tensor_bytes"], layout["bucket_mb"] * 1024 * 1024)
     ready = ready_at(buckets, layout["tensor_bytes"], 1.0) if layout["overlap"] else [1.0] * len(buckets)
@@ -121,11 +125,32 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
             "mean_step_s": float(s["global_batch"]) / float(s["samples_per_s"])}, spec.shell()
 
 
+def _inflation(train_args: list[str], nproc: int, single: dict[str, float], folder: Path,
+               timeout: float) -> tuple[dict[str, float], str]:
+    """The job's compute on ``nproc`` ranks with no exchange and no loading: its CPU per step against 1 process.
+
+    The ranks run the job's own forward, backward and optimizer at the thread count of the 1-process run; the
+    ratio of their mean CPU per step to that run's is what the skeleton's spin (which counts CPU, not work)
+    cannot see: caches and memory bandwidth shared with the other ranks, and a core time-sliced between two.
+    """
+    from ..lab.runner import RunSpec, run_train
+
+    t = int(single["threads"])
+    spec = RunSpec(nproc, [*train_args, "--job.threads", str(t), "--ablate.comm", "true", "--ablate.data", "true"],
+                   folder / f"inflation_p{nproc}.json", f"{nproc} processes, no exchange, no loading")
+    s = run_train(spec, timeout)
+    cpu = [float(c) for c in (s.get("rank_cpu_s") or []) if c]
+    mean = sum(cpu) / len(cpu) if cpu else 0.0
+    factor = mean / single["cpu_s"] if mean > 0 and single["cpu_s"] > 0 else 1.0
+    return {"cpu_s": mean, "rank_cpu_s": cpu, "factor": factor}, spec.shell()
+
+
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
-              say: Callable[[str], None] = print, with_base: bool = True) -> Calibration:
+              say: Callable[[str], None] = print, with_base: bool = True, interference: bool = False) -> Calibration:
     """Measure the job and this machine; write and return the calibration (nothing written on failure).
 
-    ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times).
+    ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times);
+    ``interference=True`` also measures the job's compute on P ranks without the exchange (:func:`_inflation`).
     """
     from ..lab.common import check_train_args
 
@@ -136,17 +161,23 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     say("calibrate: model layout and FLOPs")
     layout = model_layout(train_args)
     thread_counts = sorted(({n_cores} if with_base else set()) | {max(1, n_cores // p) for p in nprocs})
-    single, commands = {}, []
+    single, inflation, commands = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="trainscale-cal-") as tmp:
         for t in thread_counts:
             say(f"calibrate: 1 process, {t} thread(s)")
             single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
             commands.append(cmd)
+        for p in (n for n in nprocs if n > 1 and interference):
+            say(f"calibrate: the job's compute on {p} processes, no exchange")
+            inflation[str(p)], cmd = _inflation(train_args, p, single[str(max(1, n_cores // p))], Path(tmp), timeout)
+            commands.append(cmd)
+            say(f"  CPU per step {inflation[str(p)]['cpu_s'] * 1e3:.2f} ms, x{inflation[str(p)]['factor']:.3f} "
+                "the 1-process run's")
     allreduce, share, replay = {}, {}, {}
     for p in (n for n in nprocs if n > 1):
         say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes")
         t = max(1, n_cores // p)
-        sk = skeleton(layout, single[str(t)])
+        sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
         d = _probe(p, timeout, t, sk)
         ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
         cpu, _ = fit_alpha_beta([tuple(x) for x in d["allreduce_cpu"]])
@@ -155,13 +186,14 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
                              "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
         share[str(p)] = float(d["share"])
         replay[str(p)] = {**d["skeleton"], "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"],
-                          "buckets": len(sk["buckets"]), "threads": t}
+                          "buckets": len(sk["buckets"]), "threads": t, "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
         commands.append(d["command"])
         say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
             f"residual {resid:.0%}, CPU {cpu.alpha * 1e6:.0f} us + {cpu.beta * 1e9:.3f} ns/B per call, "
             f"core share {share[str(p)]:.2f}, skeleton step {replay[str(p)]['step_s'] * 1e3:.1f} ms")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, share,
-                      machine=f"{platform.node()}, {n_cores} cores", commands=commands, replay=replay)
+                      machine=f"{platform.node()}, {n_cores} cores", commands=commands, replay=replay,
+                      inflation=inflation)
     cal.save(out)
     return cal

@@ -46,6 +46,12 @@ def _ints(text: str, key: str) -> list[int]:
     return sorted(set(vals))
 
 
+INTERFERENCE_HELP = ("also run the job's own compute on each P with the exchange and the loading off, and let the "
+                     "skeleton spin the CPU per step measured there: how much the job's work inflates when P ranks "
+                     "share this host's caches and cores, which a 1-process calibration cannot see (one more short "
+                     "run per P)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainscale plan", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Forecast step time, speed-up and scaling efficiency of a data-parallel job "
@@ -58,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--nodes", default="1,2,4,8", help="node counts to forecast, comma-separated (default 1,2,4,8)")
     a("--world-size", help="device counts instead of --nodes: each at most --gpus-per-node or a multiple of it")
     a("--nproc", default="1,2,4", help="processes on this machine, for a forecast of the calibrated machine itself")
+    a("--interference", action="store_true", help="with train options: " + INTERFERENCE_HELP)
     a("--intra", default="pcie3", help="link between devices of a node (pcie3/4/5, nvlink1-4; default pcie3)")
     a("--inter", default="25gbe", help="link between nodes (10/25/100/200/400gbe, ib-edr/hdr/ndr; default 25gbe)")
     a("--topo", metavar="FILE", help="`nvidia-smi topo -m` output of one node: the ring's slowest hop sets --intra")
@@ -206,12 +213,14 @@ def _calibrate_main(argv: list[str]) -> int:
     p.add_argument("--nproc", default="2,4", help="process counts to measure all-reduce at (default 2,4)")
     p.add_argument("--out", default="plan-calibration.json", help="calibration file to write")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
+    p.add_argument("--interference", action="store_true", help=INTERFERENCE_HELP)
     a, rest = p.parse_known_args(argv)
     nprocs = _ints(a.nproc, "--nproc")
     if Path(a.out).is_dir():
         raise ConfigError("--out", a.out, "is a folder; give a file path for the calibration JSON")
     try:
-        cal = calibrate(rest, nprocs, Path(a.out), a.timeout, say=lambda m: print(m, file=sys.stderr, flush=True))
+        cal = calibrate(rest, nprocs, Path(a.out), a.timeout, say=lambda m: print(m, file=sys.stderr, flush=True),
+                        interference=a.interference)
     except RuntimeError as e:
         print(f"trainscale plan calibrate: {e}", file=sys.stderr)
         return 1
@@ -255,7 +264,7 @@ def main(argv: list[str]) -> int:
 
         out_cal = Path(a.out) / "calibration.json"
         cal = calibrate(rest, [n for n in _ints(a.nproc, "--nproc") if n > 1] or [2], out_cal,
-                        say=lambda m: print(m, file=sys.stderr, flush=True))
+                        say=lambda m: print(m, file=sys.stderr, flush=True), interference=a.interference)
     assumptions: dict[str, Any] = {"strategy": strategy.label()}
     if a.gpu:
         from .hardware import gpu
@@ -291,7 +300,9 @@ def main(argv: list[str]) -> int:
                             "extrapolated_nproc": missing, "core_share": cal.share,
                             "outside_threads": round(cluster.outside, 2),
                             # the forecast at these P is anchored on the job's skeleton measured there
-                            "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()}})
+                            "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()},
+                            # measured with --interference: the job's CPU per step on P ranks over 1 process
+                            "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
         title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
     points = forecast(job, cluster, strategy, worlds)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
