@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="calibrate+measure rounds per case (median taken)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="any of " + ", ".join(JOBS))
     ap.add_argument("--interference", action="store_true",
-                    help="calibrate with `plan calibrate --interference` (the job's compute on P ranks, no exchange)")
+                    help="calibrate with `plan calibrate --interference` (the job on P ranks, no gradient exchange)")
     a = ap.parse_args()
     cases = []
     with tempfile.TemporaryDirectory(prefix="plan-acc-") as tmp:

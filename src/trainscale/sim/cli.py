@@ -46,7 +46,7 @@ def _ints(text: str, key: str) -> list[int]:
     return sorted(set(vals))
 
 
-INTERFERENCE_HELP = ("also run the job's own compute on each P with the exchange and the loading off, and let the "
+INTERFERENCE_HELP = ("also run the job on each P with the gradient exchange off (ablate.comm), and let the "
                      "skeleton spin the CPU per step measured there: how much the job's work inflates when P ranks "
                      "share this host's caches and cores, which a 1-process calibration cannot see (one more short "
                      "run per P)")
