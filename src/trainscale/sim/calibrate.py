@@ -6,9 +6,9 @@
    its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
    the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
    in one ``trainscale launch`` of :mod:`.probe`;
-4. with ``interference``, before the probe: the job on P ranks with the gradient exchange switched off (the
-   doctor's ``ablate.comm``), whose CPU per step over the 1-process one is how much the job's work inflates
-   when P ranks share this host's caches and cores; the skeleton spins that much more.
+4. with ``interference``, before the probe: the job at 1 and at P ranks with the gradient exchange switched off
+   (the doctor's ``ablate.comm``); the ratio of their CPU per step is how much the job's work inflates when P
+   ranks share this host's caches and cores, and the skeleton spins that much more.
 
 Example::
 
@@ -125,25 +125,26 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
             "mean_step_s": float(s["global_batch"]) / float(s["samples_per_s"])}, spec.shell()
 
 
-def _inflation(train_args: list[str], nproc: int, single: dict[str, float], folder: Path,
-               timeout: float) -> tuple[dict[str, float], str]:
-    """The job on ``nproc`` ranks with no gradient exchange: its CPU per step against the 1-process run's.
-
-    The ranks load, compute and step as the job does, at the thread count of the 1-process run (so both count
-    the same work: dropping the loading too made mlp on digits look 0.54-0.97x cheaper on 2 ranks); the
-    ratio of their mean CPU per step to that run's is what the skeleton's spin (which counts CPU, not work)
-    cannot see: caches and memory bandwidth shared with the other ranks, and a core time-sliced between two.
-    """
+def _nocomm_cpu(train_args: list[str], nproc: int, threads: int, folder: Path,
+                timeout: float) -> tuple[list[float], str]:
+    """CPU seconds per step of each rank of the job on ``nproc`` ranks at ``threads`` threads, with no exchange."""
     from ..lab.runner import RunSpec, run_train
 
-    t = int(single["threads"])
-    spec = RunSpec(nproc, [*train_args, "--job.threads", str(t), "--ablate.comm", "true"],
-                   folder / f"inflation_p{nproc}.json", f"{nproc} processes, no exchange")
+    spec = RunSpec(nproc, [*train_args, "--job.threads", str(threads), "--ablate.comm", "true"],
+                   folder / f"nocomm_p{nproc}_t{threads}.json", f"{nproc} process(es), no exchange")
     s = run_train(spec, timeout)
-    cpu = [float(c) for c in (s.get("rank_cpu_s") or []) if c]
-    mean = sum(cpu) / len(cpu) if cpu else 0.0
-    factor = mean / single["cpu_s"] if mean > 0 and single["cpu_s"] > 0 else 1.0
-    return {"cpu_s": mean, "rank_cpu_s": cpu, "factor": factor}, spec.shell()
+    return [float(c) for c in (s.get("rank_cpu_s") or []) if c], spec.shell()
+
+
+def _inflation(at_p: list[float], at_1: list[float]) -> dict[str, Any]:
+    """How much more CPU per step a rank needs beside P-1 others than alone, the exchange off in both.
+
+    Both runs load, compute and step as the job does; only the ranks sharing the host differ (with DDP's own
+    work left in the 1-process run, mlp on digits measured 0.5-0.9x: the wrapper's share, not the host's).
+    """
+    mean, one = sum(at_p) / len(at_p) if at_p else 0.0, at_1[0] if at_1 else 0.0
+    factor = mean / one if mean > 0 and one > 0 else 1.0
+    return {"cpu_s": mean, "rank_cpu_s": at_p, "single_cpu_s": one, "factor": factor}
 
 
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
@@ -151,7 +152,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     """Measure the job and this machine; write and return the calibration (nothing written on failure).
 
     ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times);
-    ``interference=True`` also measures the job on P ranks without the exchange (:func:`_inflation`).
+    ``interference=True`` also measures the job at 1 and at P ranks without the exchange (:func:`_inflation`).
     """
     from ..lab.common import check_train_args
 
@@ -168,10 +169,17 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             say(f"calibrate: 1 process, {t} thread(s)")
             single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
             commands.append(cmd)
+        alone: dict[int, list[float]] = {}  # threads -> the 1-process run's CPU per step, no exchange
         for p in (n for n in nprocs if n > 1 and interference):
+            t = max(1, n_cores // p)
+            if t not in alone:
+                say(f"calibrate: 1 process, {t} thread(s), no gradient exchange")
+                alone[t], cmd = _nocomm_cpu(train_args, 1, t, Path(tmp), timeout)
+                commands.append(cmd)
             say(f"calibrate: the job on {p} processes, no gradient exchange")
-            inflation[str(p)], cmd = _inflation(train_args, p, single[str(max(1, n_cores // p))], Path(tmp), timeout)
+            at_p, cmd = _nocomm_cpu(train_args, p, t, Path(tmp), timeout)
             commands.append(cmd)
+            inflation[str(p)] = _inflation(at_p, alone[t])
             say(f"  CPU per step {inflation[str(p)]['cpu_s'] * 1e3:.2f} ms, x{inflation[str(p)]['factor']:.3f} "
                 "the 1-process run's")
     allreduce, share, replay = {}, {}, {}
