@@ -46,10 +46,10 @@ def _ints(text: str, key: str) -> list[int]:
     return sorted(set(vals))
 
 
-INTERFERENCE_HELP = ("also run the job on each P with the gradient exchange off (ablate.comm), and let the "
-                     "skeleton spin the CPU per step measured there: how much the job's work inflates when P ranks "
-                     "share this host's caches and cores, which a 1-process calibration cannot see (one more short "
-                     "run per P)")
+INTERFERENCE_HELP = ("also run the job at 1 and at each P process(es) with the gradient exchange off "
+                     "(ablate.comm) and scale what the skeleton spins by the ratio of their CPU per step: how much "
+                     "the job's work inflates when P ranks share this host's caches and cores, which a 1-process "
+                     "calibration cannot see (two more short runs per P)")
 
 
 def _parser() -> argparse.ArgumentParser:
