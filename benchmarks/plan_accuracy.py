@@ -25,7 +25,8 @@ from trainscale.lab.neighbours import LoadMonitor
 from trainscale.lab.runner import RunSpec, run_train
 from trainscale.lab.stats import job_step_time
 from trainscale.sim.calibrate import calibrate
-from trainscale.sim.forecast import Strategy, forecast
+from trainscale.sim.calibration import Calibration
+from trainscale.sim.forecast import Point, Strategy, forecast
 
 JOBS = {
     "mlp-digits": ["--model", "mlp", "--data", "digits", "--steps", "60"],
@@ -45,7 +46,7 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _forecast(name: str, p: int, path: Path, interference: bool) -> tuple[object, dict, dict]:
+def _forecast(name: str, p: int, path: Path, interference: bool) -> tuple[Point, Calibration, dict]:
     """Calibrate ``name`` at ``p`` processes and forecast its step; with the host's load during the calibration."""
     args = JOBS[name]
     with LoadMonitor() as load:
@@ -110,7 +111,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="calibrate+measure rounds per case (median taken)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="any of " + ", ".join(JOBS))
     ap.add_argument("--interference", action="store_true",
-                    help="calibrate with `plan calibrate --interference` (the job on P ranks, no gradient exchange)")
+                    help="calibrate with `plan calibrate --interference` (the job at 1 and at P ranks, no exchange)")
     a = ap.parse_args()
     cases = []
     with tempfile.TemporaryDirectory(prefix="plan-acc-") as tmp:

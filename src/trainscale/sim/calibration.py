@@ -69,7 +69,7 @@ class Calibration:
     allreduce: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {alpha, beta, cpu_alpha, cpu_beta, ...}
     share: dict[str, float] = field(default_factory=dict)               # P -> core share of each of P busy ranks
     replay: dict[str, dict[str, Any]] = field(default_factory=dict)     # P -> the job's skeleton step (probe.py)
-    inflation: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {cpu_s, factor}: compute on P ranks
+    inflation: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {factor, ...}: CPU/step at P over 1
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
