@@ -65,7 +65,7 @@ def test_a_measured_skeleton_anchors_the_calibrated_strategy_and_scales_the_othe
 
 
 def test_skeleton_splits_the_measured_cpu_and_readies_buckets_in_backward_order():
-    from trainscale.sim.calibrate import skeleton
+    from trainscale.sim.calibrate import _inflation, skeleton
 
     layout = {"tensor_bytes": [3e6, 1e6, 4e6], "bucket_mb": 4e6 / 1024 / 1024, "overlap": True,
               "buffer_bytes": 8.0, "broadcast_buffers": False}
@@ -80,6 +80,10 @@ def test_skeleton_splits_the_measured_cpu_and_readies_buckets_in_backward_order(
     # a measured inflation of the job's compute on P ranks (calibrate --interference) scales both parts
     inflated = skeleton(layout, single, 1.25)
     assert inflated["cpu_s"] == pytest.approx(0.1875) and inflated["rest_cpu_s"] == pytest.approx(0.0625)
+    # sharing the host never makes the work cheaper: a measured ratio under 1 is noise, the factor stays 1
+    assert _inflation([0.9, 1.1], [0.8])["factor"] == pytest.approx(1.25)
+    low = _inflation([0.7, 0.9], [1.0])
+    assert low["ratio"] == pytest.approx(0.8) and low["factor"] == 1.0
 
 
 def test_catalog_errors_name_what_is_accepted():
