@@ -49,7 +49,7 @@ def _ints(text: str, key: str) -> list[int]:
 INTERFERENCE_HELP = ("also run the job at 1 and at each P process(es) with the gradient exchange off "
                      "(ablate.comm) and scale what the skeleton spins by the ratio of their CPU per step: how much "
                      "the job's work inflates when P ranks share this host's caches and cores, which a 1-process "
-                     "calibration cannot see (two more short runs per P)")
+                     "calibration cannot see; a ratio under 1 is taken as 1 (two more short runs per P)")
 
 
 def _parser() -> argparse.ArgumentParser:
