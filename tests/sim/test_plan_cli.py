@@ -57,7 +57,10 @@ def test_calibrate_then_plan_tiny_job(tmp_path):
     inf, one = data["inflation"]["2"], data["single"][str(max(1, data["cores"] // 2))]  # a rank's threads
     assert len(inf["rank_cpu_s"]) == 2 and inf["ratio"] == pytest.approx(inf["cpu_s"] / inf["single_cpu_s"])
     assert inf["factor"] == max(1.0, inf["ratio"])
-    assert data["replay"]["2"]["spin_cpu_s"] == pytest.approx(one["cpu_s"] * inf["factor"])
+    rep = data["replay"]["2"]
+    assert rep["spin_cpu_s"] == pytest.approx(one["cpu_s"] * inf["factor"])
+    # the skeleton ran the same steps on both ranks, each no shorter than the CPU it spins
+    assert rep["steps"] >= 8 and rep["step_s"] >= rep["spin_cpu_s"]
     assert sum("--ablate.comm true" in c for c in data["commands"]) == 2  # at 1 and at 2 processes, alike
     # what the CPU-host model stands on: Gloo's CPU per all-reduce, the core share at P, CPU seconds per step
     assert data["allreduce"]["2"]["cpu_alpha"] >= 0 and data["allreduce"]["2"]["cpu_beta"] >= 0

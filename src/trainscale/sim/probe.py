@@ -66,7 +66,7 @@ def _spin_share(seconds: float) -> float:
 
 
 def _skeleton(sk: dict, steps: int, budget_s: float) -> list[float]:
-    """Wall seconds of each step of the job's skeleton on this rank, after two warm-up steps.
+    """Wall seconds of each step of the job's skeleton on this rank, step end to step end, after four warm-up steps.
 
     ``sk``: ``cpu_s`` (this thread's CPU seconds of forward + backward), ``rest_cpu_s`` (optimizer and loop,
     after the exchange), ``backward_share``, ``buckets`` (bytes, in backward order), ``ready`` (each bucket's
@@ -87,11 +87,8 @@ def _skeleton(sk: dict, steps: int, budget_s: float) -> list[float]:
         while time.thread_time() < until:
             a @ a
 
-    times: list[float] = []
-    dist.barrier()
-    t_start = time.perf_counter()
-    for i in range(steps + 2):
-        t0, c0 = time.perf_counter(), time.thread_time()
+    def one_step() -> None:
+        c0 = time.thread_time()
         if buf is not None:
             dist.broadcast(buf, 0)
         spin(c0 + fwd)
@@ -103,15 +100,21 @@ def _skeleton(sk: dict, steps: int, budget_s: float) -> list[float]:
         for w in works:
             w.wait()
         spin(c0 + fwd + bwd + sk.get("rest_cpu_s", 0.0))
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-        # Every rank must run the same steps: stop together once the budget is spent (after the minimum).
-        if i >= 6:
-            done = torch.tensor([float(time.perf_counter() - t_start > budget_s)])
-            dist.all_reduce(done, op=dist.ReduceOp.MAX)
-            if done.item():
-                break
-    return times
+
+    # Every rank must run the same steps, with no collective of the probe's own between them (one would line the
+    # ranks up each step, which the job's loop does not): a few warm-up steps agree on how many fit the budget.
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(4):
+        one_step()
+    n = _agreed_reps((time.perf_counter() - t0) / 4, budget_s)
+    n = max(8, min(steps, n))
+    ends = [time.perf_counter()]
+    for _ in range(n):
+        one_step()
+        ends.append(time.perf_counter())
+    # Step to step, as the job's loop times it: a rank's wait for a late peer is in its step.
+    return [b - a for a, b in zip(ends, ends[1:])]
 
 
 def main(argv: list[str] | None = None) -> None:
