@@ -29,7 +29,7 @@ from trainscale.sim.calibration import Calibration
 from trainscale.sim.forecast import Point, Strategy, forecast
 
 JOBS = {
-    "mlp-digits": ["--model", "mlp", "--data", "digits", "--steps", "60"],
+    "mlp-digits": ["--model", "mlp", "--data", "digits", "--steps", "400"],
     "resnet18w8-synthetic": ["--model", "resnet18", "--model.width", "8", "--data", "synthetic", "--steps", "25"],
     "resnet50w4-bucket0": ["--model", "resnet50", "--model.width", "4", "--data", "synthetic", "--steps", "25",
                            "--strategy.bucket_mb", "0"],
