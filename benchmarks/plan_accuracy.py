@@ -31,6 +31,9 @@ from trainscale.sim.forecast import Point, Strategy, forecast
 JOBS = {
     "mlp-digits": ["--model", "mlp", "--data", "digits", "--steps", "400"],
     "resnet18w8-synthetic": ["--model", "resnet18", "--model.width", "8", "--data", "synthetic", "--steps", "25"],
+    # communication-heavy: 17 MB of gradients in 4 MB buckets, all-reduced while backward runs
+    "mlp2048-bucket4": ["--model", "mlp", "--model.width", "2048", "--data", "digits", "--steps", "60",
+                        "--strategy.bucket_mb", "4"],
     "resnet50w4-bucket0": ["--model", "resnet50", "--model.width", "4", "--data", "synthetic", "--steps", "25",
                            "--strategy.bucket_mb", "0"],
 }
