@@ -1,0 +1,75 @@
+"""CPU per thread of a running job's processes, from /proc: which thread a rank's CPU per step goes to.
+
+Runs the command, samples every descendant process's threads at two instants, prints each thread's share of a
+core between them and its context switches per second (voluntary: it slept; non-voluntary: it was preempted).
+docs/plan.md uses it to split mlp's CPU per step at P ranks into the main thread and Gloo's threads::
+
+    python benchmarks/thread_cpu.py 6 14 -- trainscale train --nproc 4 --model mlp --data digits --steps 2000
+
+Linux only (/proc). Python threads are all named like the process ("python"); the thread id tells them apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _threads(root: int) -> dict[tuple[int, int], tuple[str, float, int, int]]:
+    """(pid, tid) -> (thread name, CPU seconds, voluntary, non-voluntary switches) of ``root``'s descendants."""
+    out = {}
+    for proc in psutil.Process(root).children(recursive=True):
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                status = dict(ln.split(":", 1) for ln in (task / "status").read_text().splitlines() if ":" in ln)
+                out[(proc.pid, int(task.name))] = ((task / "comm").read_text().strip(),
+                                                   (int(stat[11]) + int(stat[12])) / TICK,
+                                                   int(status["voluntary_ctxt_switches"]),
+                                                   int(status["nonvoluntary_ctxt_switches"]))
+            except (OSError, KeyError, IndexError):
+                continue  # a thread that ended between listing and reading
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("start", type=float, help="seconds after launch of the first sample (past start-up)")
+    ap.add_argument("end", type=float, help="seconds after launch of the second sample (before the job ends)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    a = ap.parse_args()
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not cmd or a.end <= a.start:
+        ap.error("give START < END and a command after --")
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(a.start)
+        first, t0 = _threads(job.pid), time.perf_counter()
+        time.sleep(a.end - a.start)
+        second, dt = _threads(job.pid), time.perf_counter() - t0
+    finally:
+        rc = job.wait()
+    by_pid: dict[int, list[tuple[str, float, float, float]]] = {}
+    for (pid, tid), (name, cpu, vol, nvol) in second.items():
+        if (pid, tid) in first:
+            _, cpu0, vol0, nvol0 = first[(pid, tid)]
+            by_pid.setdefault(pid, []).append((f"{name}:{tid}", (cpu - cpu0) / dt, (vol - vol0) / dt, (nvol - nvol0) / dt))
+    for pid, rows in sorted(by_pid.items()):
+        total = sum(r[1] for r in rows)
+        if total < 0.01:
+            continue  # the launcher and other idle processes
+        print(f"process {pid}: {total:.3f} cores")
+        for name, cores, vol, nvol in sorted(rows, key=lambda r: -r[1]):
+            print(f"  {name:24s} {cores:.3f} cores  switches/s: {vol:5.0f} voluntary {nvol:5.0f} preempted")
+    print(f"command exit status {rc}")
+
+
+if __name__ == "__main__":
+    main()
