@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spin", type=float, default=1.0, help="seconds of the CPU-share measurement")
     p.add_argument("--skeleton", default="", help="JSON of the job's skeleton (see _skeleton); empty: none")
     p.add_argument("--skeleton-steps", type=int, default=200, help="most skeleton steps measured (the budget may allow fewer)")
-    p.add_argument("--skeleton-budget", type=float, default=4.0, help="seconds of skeleton steps (at least 5)")
+    p.add_argument("--skeleton-budget", type=float, default=4.0, help="seconds of skeleton steps (at least 8 steps are run)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: torch's default)")
     a = p.parse_args(argv)
     import datetime
