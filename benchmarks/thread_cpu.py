@@ -1,7 +1,8 @@
 """CPU per thread of a running job's processes, from /proc: which thread a rank's CPU per step goes to.
 
 Runs the command, samples every descendant process's threads at two instants, prints each thread's share of a
-core between them and its context switches per second (voluntary: it slept; non-voluntary: it was preempted).
+core between them and its context switches per second (voluntary: it slept; non-voluntary: it was preempted);
+the last line is the same as one JSON object. The exit status is the command's.
 docs/plan.md uses it to split mlp's CPU per step at P ranks into the main thread and Gloo's threads::
 
     python benchmarks/thread_cpu.py 6 14 -- trainscale train --nproc 4 --model mlp --data digits --steps 2000
@@ -12,6 +13,7 @@ Linux only (/proc). Python threads are all named like the process ("python"); th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import time
@@ -56,20 +58,27 @@ def main() -> None:
         second, dt = _threads(job.pid), time.perf_counter() - t0
     finally:
         rc = job.wait()
-    by_pid: dict[int, list[tuple[str, float, float, float]]] = {}
+    by_pid: dict[int, list[dict]] = {}
     for (pid, tid), (name, cpu, vol, nvol) in second.items():
         if (pid, tid) in first:
             _, cpu0, vol0, nvol0 = first[(pid, tid)]
-            by_pid.setdefault(pid, []).append((f"{name}:{tid}", (cpu - cpu0) / dt, (vol - vol0) / dt, (nvol - nvol0) / dt))
+            by_pid.setdefault(pid, []).append({"thread": f"{name}:{tid}", "cores": round((cpu - cpu0) / dt, 4),
+                                               "voluntary_per_s": round((vol - vol0) / dt, 1),
+                                               "preempted_per_s": round((nvol - nvol0) / dt, 1)})
+    processes = []
     for pid, rows in sorted(by_pid.items()):
-        total = sum(r[1] for r in rows)
+        total = sum(r["cores"] for r in rows)
         if total < 0.01:
             continue  # the launcher and other idle processes
+        rows.sort(key=lambda r: -r["cores"])
+        processes.append({"pid": pid, "cores": round(total, 4), "threads": rows})
         print(f"process {pid}: {total:.3f} cores")
-        for name, cores, vol, nvol in sorted(rows, key=lambda r: -r[1]):
-            print(f"  {name:24s} {cores:.3f} cores  switches/s: {vol:5.0f} voluntary {nvol:5.0f} preempted")
-    print(f"command exit status {rc}")
-
+        for r in rows:
+            print(f"  {r['thread']:24s} {r['cores']:.3f} cores  switches/s: {r['voluntary_per_s']:5.0f} voluntary "
+                  f"{r['preempted_per_s']:5.0f} preempted")
+    # Output contract of the benchmarks: the last line is one JSON object.
+    print(json.dumps({"window_s": round(dt, 3), "processes": processes, "exit_status": rc}))
+    raise SystemExit(rc)
 
 if __name__ == "__main__":
     main()
