@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainscale.lab.runner import communicate_or_kill
+from trainscale.jobs import communicate_or_kill
 from trainscale.signals import interrupt_on
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from trainscale.lab.neighbours import LoadMonitor
-from trainscale.lab.runner import RunSpec, run_train
+from trainscale.jobs import RunSpec, run_train
 from trainscale.lab.stats import job_step_time
 from trainscale.sim.calibrate import calibrate
 from trainscale.sim.calibration import Calibration

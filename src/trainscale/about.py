@@ -19,10 +19,15 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["versions", "machine", "main"]
+__all__ = ["versions", "machine", "main", "available_cores"]
 
 # Variables that change how NCCL, Gloo, CUDA and the thread pools behave: what a bug report needs.
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "MKL_", "TRAINSCALE_")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def versions() -> dict[str, str | None]:
@@ -45,7 +50,6 @@ def machine() -> dict[str, Any]:
     """Host, OS, cores, threads, devices, ``/dev/shm`` and the communication settings in the environment."""
     import torch
 
-    from .distributed.env import available_cores
 
     shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []

@@ -85,7 +85,7 @@ def test_apply_judges_throughput_over_every_step_not_the_median_step():
 
 
 def test_report_tables_align_text_left_and_numbers_right(tmp_path):
-    from trainscale.lab.report import render_html, render_markdown
+    from trainscale.reporting.render import render_html, render_markdown
 
     blocks = [("table", ["cause", "ms/step", "interval", "evidence"],
                [["input", "+3.20", "+1.00 .. +5.50", "data wait 2% of the step"], ["straggler", "-", "-", "none"]])]

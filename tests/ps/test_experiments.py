@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainscale.lab.stats import mean_interval
+from trainscale.reporting import mean_interval
 from trainscale.ps.experiments import convergence_experiment, runtime_experiment
 
 

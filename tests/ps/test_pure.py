@@ -12,7 +12,8 @@ from trainscale.ps.delays import delay_rng, parse_delay
 from trainscale.ps.lr_rules import coefficients
 from trainscale.ps.sharding import balance
 from trainscale.ps.stream import BatchStream
-from trainscale.ps.theory import harmonic, order_statistic_exp, predicted_update_time, ring_bytes, sync_async_ratio
+from trainscale.sim.collectives import ring_bytes_per_worker, ring_bytes_total
+from trainscale.sim.order_stats import harmonic, order_statistic_exp, predicted_update_time, sync_async_ratio
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,7 +85,7 @@ def test_order_statistics_and_theorem():
     assert predicted_update_time("k-batch-sync", 8, 4, 0.4) == pytest.approx(0.2)
     # Seed 002: E[T_sync]/E[T_async] = P E[X_P:P]/E[X].
     assert sync_async_ratio(8) == pytest.approx(predicted_update_time("sync", 8, 8, 1) / predicted_update_time("async", 8, 1, 1))
-    assert ring_bytes(100, 4) == (150.0, 600.0)
+    assert (ring_bytes_per_worker(100, 4), ring_bytes_total(100, 4)) == (150.0, 600.0)
 
 
 @pytest.mark.parametrize("argv, key", [

@@ -10,14 +10,15 @@ import pytest
 
 from trainscale.sim.collectives import (AlphaBeta, bus_bandwidth, hierarchical_time, nccl_ring_time,
                                         ps_bytes_at_server, ring_bytes_per_worker, ring_time, tree_time)
-from trainscale.sim.order_stats import expected_max_normal, ps_update_time, sigma_from_spread, straggler_wait
+from trainscale.sim.order_stats import expected_max_normal, predicted_update_time, sigma_from_spread, straggler_wait
 from trainscale.sim.step import exposed_comm, make_buckets, pipeline_bubble, ready_at
 
 
 def test_ring_and_ps_bytes_seed002():
     # 100 MB over 4 workers: ring 2 x 100 x 3/4 = 150 MB per worker; a PS moves 2 x 100 x 3 = 600 MB
     assert ring_bytes_per_worker(100e6, 4) == pytest.approx(150e6)
-    assert ps_bytes_at_server(100e6, 4) == pytest.approx(600e6)
+    # The lecture's 2N(P-1) counts the server among P = 4 processes: 3 learners.
+    assert ps_bytes_at_server(100e6, 3) == pytest.approx(2 * 100e6 * (4 - 1))
     assert ring_bytes_per_worker(100e6, 1) == 0
 
 
@@ -55,9 +56,9 @@ def test_order_statistics():
     assert sigma_from_spread(0.2563, 1.0) == pytest.approx(0.1)
     assert straggler_wait(2, 0.1) == pytest.approx(0.05642, abs=1e-5)
     # seed 002: sync waits for E[X_{P:P}] = H_P x mean for exponentials; async gives mean / P
-    assert ps_update_time("sync", 4, 4, 1.0) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)
-    assert ps_update_time("async", 4, 1, 1.0) == pytest.approx(0.25)
-    assert ps_update_time("k-batch-sync", 4, 2, 1.0) == pytest.approx(0.5)
+    assert predicted_update_time("sync", 4, 4, 1.0) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4)
+    assert predicted_update_time("async", 4, 1, 1.0) == pytest.approx(0.25)
+    assert predicted_update_time("k-batch-sync", 4, 2, 1.0) == pytest.approx(0.5)
 
 
 def test_pipeline_bubble():

@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from ..about import available_cores
 from ..config import ConfigError, JobConfig
 from ..log import logger
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
-           "gather_env_rows", "is_launched", "shutdown", "available_cores"]
+           "gather_env_rows", "is_launched", "shutdown"]
 
 
 @dataclass
@@ -41,11 +42,6 @@ class DistEnv:
 def is_launched() -> bool:
     """True when torchrun (or ``trainscale launch``) started this process as one rank of a job."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def default_threads(local_processes: int) -> int:

@@ -24,10 +24,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
-from .common import check_train_args, console, err_console, machine_description, parse_nproc_list, write_json
+from ..jobs import LauncherOptions, RunFailed, RunSpec, check_train_args, run_train, split_script
+from ..reporting import figure, legend_below, save, write_json, write_reports
+from ..reporting.console import console, err_console
+from .common import machine_description, parse_nproc_list
 from .ranks import plot_ranks, plot_timeline
-from .report import figure, legend_below, save, write_reports
-from .runner import LauncherOptions, RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median, rel_spread
 from .verdict import bench_verdict
 

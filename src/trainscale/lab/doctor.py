@@ -29,11 +29,12 @@ from rich.table import Table
 
 from ..config import ConfigError, config_to_dict
 from .analysis import CONFIGS, analyse
-from .common import check_train_args, console, cores, err_console, machine_description, write_json
-from .report import figure, save, write_reports
+from ..jobs import RunFailed, RunSpec, check_train_args, run_train, split_script
+from ..reporting import figure, save, write_json, write_reports
+from ..reporting.console import console, err_console
+from .common import cores, machine_description
 from .neighbours import LoadMonitor
 from .ranks import plot_ranks
-from .runner import RunFailed, RunSpec, run_train, split_script
 from .stats import job_step_time, median
 from .suggest import context_from_config
 from .verdict import adopt_verdict

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report import figure, legend_below, save
+from ..reporting import figure, legend_below, save
 from .stats import median
 
 __all__ = ["rank_segments", "plot_ranks", "plot_timeline", "SEGMENTS"]

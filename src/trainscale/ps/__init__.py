@@ -9,7 +9,7 @@ from .delays import Delay, parse_delay
 from .lr_rules import coefficients
 from .policies import COORDINATED_MODES, MODES, Apply, Cancel, Launch, Policy, resolve_k
 from .sharding import Layout, balance
-from .theory import order_statistic_exp, predicted_update_time, sync_async_ratio
+from ..sim.order_stats import order_statistic_exp, predicted_update_time, sync_async_ratio
 
 __all__ = ["Delay", "parse_delay", "coefficients", "COORDINATED_MODES", "MODES", "Apply", "Cancel", "Launch",
            "Policy", "resolve_k", "Layout", "balance", "order_statistic_exp", "predicted_update_time",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ..lab.common import write_json
-from ..lab.report import Block, figure, save, write_reports
-from ..lab.stats import Interval, mean_interval
-from .theory import ps_bytes, ring_bytes, sync_async_ratio
+from ..reporting import Block, Interval, figure, mean_interval, save, write_json, write_reports
+from ..sim.collectives import ps_bytes_at_server, ring_bytes_per_worker, ring_bytes_total
+from ..sim.order_stats import sync_async_ratio
 
 __all__ = ["runtime_cells", "ratio_cells", "convergence_cells", "staleness_rule_effect", "floor_error", "time_to",
            "write_runtime", "write_convergence"]
@@ -127,8 +126,8 @@ def write_runtime(out: Path, runs: list[dict[str, Any]], settings: dict[str, Any
     comm = []
     for c in cells:
         if c["mode"] == "sync":
-            per, total = ring_bytes(n_bytes, c["P"])
-            comm.append([c["P"], f"{c['bytes_per_update']['mean'] / 1e6:.3f}", f"{ps_bytes(n_bytes, c['P']) / 1e6:.3f}",
+            per, total = ring_bytes_per_worker(n_bytes, c["P"]), ring_bytes_total(n_bytes, c["P"])
+            comm.append([c["P"], f"{c['bytes_per_update']['mean'] / 1e6:.3f}", f"{ps_bytes_at_server(n_bytes, c['P']) / 1e6:.3f}",
                          f"{per / 1e6:.3f}", f"{total / 1e6:.3f}"])
     n = len(settings["seeds"])
     blocks: list[Block] = [

@@ -16,7 +16,7 @@ __all__ = ["forecast_steps"]
 def forecast_steps(path: str, train_args: list[str], worlds: list[int]) -> dict[int, float]:
     """Forecast median step time per world size of the calibrated job (refuses another job's calibration)."""
     from ..config import config_to_dict
-    from ..lab.common import check_train_args
+    from ..jobs import check_train_args
 
     cfg = check_train_args(train_args)
     cal = Calibration.load(path)

@@ -27,17 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from ..about import available_cores
 from ..config import config_to_dict
 from .calibration import Calibration, fit_alpha_beta, job_key
 
-__all__ = ["calibrate", "model_layout", "cores"]
+__all__ = ["calibrate", "model_layout"]
 
 SIZES = "4096,65536,1048576,4194304"
-
-
-def cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def model_layout(train_args: list[str]) -> dict[str, Any]:
@@ -95,7 +91,7 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
         if sk:
             cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        from ..lab.runner import communicate_or_kill
+        from ..jobs import communicate_or_kill
 
         try:
             rc, stdout, stderr = communicate_or_kill(cmd, env, timeout)  # its ranks too, whatever ends it
@@ -111,7 +107,7 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
 
 def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -> tuple[dict[str, float], str]:
     """The 1-process run at ``threads`` threads: its median step, compute, compute spread and CPU per step."""
-    from ..lab.runner import RunSpec, run_train
+    from ..jobs import RunSpec, run_train
 
     spec = RunSpec(1, [*train_args, "--job.threads", str(threads)], folder / f"single_t{threads}.json",
                    f"1 process, {threads} thread(s)")
@@ -128,7 +124,7 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
 def _nocomm_cpu(train_args: list[str], nproc: int, threads: int, folder: Path,
                 timeout: float) -> tuple[list[float], str]:
     """CPU seconds per step of each rank of the job on ``nproc`` ranks at ``threads`` threads, with no exchange."""
-    from ..lab.runner import RunSpec, run_train
+    from ..jobs import RunSpec, run_train
 
     spec = RunSpec(nproc, [*train_args, "--job.threads", str(threads), "--ablate.comm", "true"],
                    folder / f"nocomm_p{nproc}_t{threads}.json", f"{nproc} process(es), no exchange")
@@ -156,12 +152,12 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times);
     ``interference=True`` also measures the job at 1 and at P ranks without the exchange (:func:`_inflation`).
     """
-    from ..lab.common import check_train_args
+    from ..jobs import check_train_args
 
     check_train_args(train_args)
     if not any(a in ("--steps", "--job.steps") or a.startswith(("--steps=", "--job.steps=")) for a in train_args):
         train_args = [*train_args, "--steps", "40"]  # a short session: enough measured steps for a median
-    n_cores = cores()
+    n_cores = available_cores()
     say("calibrate: model layout and FLOPs")
     layout = model_layout(train_args)
     thread_counts = sorted(({n_cores} if with_base else set()) | {max(1, n_cores // p) for p in nprocs})

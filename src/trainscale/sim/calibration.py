@@ -76,7 +76,7 @@ class Calibration:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (a crash never leaves half a file)."""
-        from ..lab.common import write_json
+        from ..reporting import write_json
 
         write_json(Path(path), asdict(self))
 

@@ -234,7 +234,8 @@ def main(argv: list[str]) -> int:
     """Entry of ``trainscale plan``."""
     if argv and argv[0] == "calibrate":
         return _calibrate_main(argv[1:])
-    from ..lab.common import console, write_json
+    from ..reporting import write_json
+    from ..reporting.console import console
     from .calibration import Calibration
     from .forecast import Cluster, forecast
     from .report import console_table, plan_json, write_plan
@@ -249,7 +250,7 @@ def main(argv: list[str]) -> int:
         cal = Calibration.load(a.calibration)
         if rest:
             from ..config import config_to_dict
-            from ..lab.common import check_train_args
+            from ..jobs import check_train_args
             from .calibration import job_key
 
             cal.check_job(job_key(config_to_dict(check_train_args(rest))), a.calibration)

@@ -1,9 +1,10 @@
 """All-reduce cost models: bytes on the wire and alpha-beta times for ring, tree and hierarchical.
 
-Pure functions (no torch). Sizes in bytes, times in seconds, bandwidths in bytes/s. The shapes follow
-seed 002 (ring: each worker sends 2N(P-1)/P; a parameter server moves 2N(P-1) through itself) and NCCL's
-own tuning model (a base latency plus a latency per hop of each link class; bus bandwidth = algorithm
-bandwidth x 2(n-1)/n).
+Pure functions (no torch), and the one home of every bytes formula: the strategies' meters and the
+parameter server's report import them from here. Sizes in bytes, times in seconds, bandwidths in bytes/s.
+The shapes follow the bandwidth-optimal ring (Patarasuk and Yuan, 2009: each worker sends 2N(P-1)/P in an
+all-reduce) and NCCL's own tuning model (a base latency plus a latency per hop of each link class; bus
+bandwidth = algorithm bandwidth x 2(n-1)/n).
 
 Example::
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["ring_bytes_per_worker", "ps_bytes_at_server", "bus_bandwidth", "ring_time", "tree_time",
+__all__ = ["collective_bytes", "ring_bytes_per_worker", "ring_bytes_total", "ps_bytes_at_server", "bus_bandwidth", "ring_time", "tree_time",
            "hierarchical_time", "nccl_ring_time", "AlphaBeta"]
 
 
@@ -31,14 +32,38 @@ class AlphaBeta:
         return self.alpha + self.beta * nbytes if nbytes > 0 else 0.0
 
 
+# What one rank sends per byte of the full tensor, times (P-1)/P, in a ring: an all-reduce is a
+# reduce-scatter followed by an all-gather.
+_RING_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
+
+
+def collective_bytes(kind: str, nbytes: float, p: int) -> float:
+    """Bytes one rank sends for collective ``kind`` (all_reduce, reduce_scatter, all_gather) of ``nbytes`` over P.
+
+    Gloo and NCCL may pick other algorithms (tree, halving-doubling); the ring volume is the bandwidth-optimal
+    one they all approach.
+    """
+    return _RING_FACTOR[kind] * nbytes * (p - 1) / p if p > 1 else 0.0
+
+
 def ring_bytes_per_worker(nbytes: float, p: int) -> float:
     """Bytes each worker sends in a ring all-reduce: 2N(P-1)/P (reduce-scatter + all-gather)."""
-    return 2.0 * nbytes * (p - 1) / p if p > 1 else 0.0
+    return collective_bytes("all_reduce", nbytes, p)
 
 
-def ps_bytes_at_server(nbytes: float, p: int) -> float:
-    """Bytes through a single parameter server per synchronous update: 2N(P-1) as in seed 002."""
-    return 2.0 * nbytes * (p - 1) if p > 1 else 0.0
+def ring_bytes_total(nbytes: float, p: int) -> float:
+    """Bytes over all links of a ring all-reduce: 2N(P-1), the same total as a parameter server's."""
+    return ring_bytes_per_worker(nbytes, p) * p
+
+
+def ps_bytes_at_server(nbytes: float, learners: int) -> float:
+    """Bytes through one parameter server per synchronous update: each learner pushes N and pulls N, 2N x learners.
+
+    The lecture figure 2N(P-1) counts P processes of which one is the server, so P-1 learners: the same
+    formula. trainscale's server is an actor of its own beside P learners, so it moves 2NP; the parameter
+    server's runs measure that (``bytes_per_update`` in ``trainscale ps`` reports).
+    """
+    return 2.0 * nbytes * learners
 
 
 def bus_bandwidth(alg_bw: float, p: int) -> float:

@@ -20,7 +20,7 @@ from ..config import ConfigError
 from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
 from .hardware import Link, catalog, link
 from .host import shared_step_s, slowdown_at, thread_slowdown
-from .order_stats import expected_max_normal, ps_update_time, sigma_from_spread
+from .order_stats import expected_max_normal, predicted_update_time, sigma_from_spread
 from .step import (compressed_bytes, exposed_comm, input_bound_step, make_buckets, pipeline_bubble,
                    profile_tensors, ready_at)
 from .topology import Topology
@@ -306,7 +306,7 @@ def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, b
     server_bw = (s.ps_server_gbs * 1e9) if s.ps_server_gbs else (
         cluster.inter.bytes_per_s * cluster.net_efficiency if cluster.inter else 1e9)
     push_pull = 2 * job.grad_bytes / server_bw  # one learner's push and pull through the server
-    update = ps_update_time(s.ps_mode, world, k if s.ps_mode.startswith("k-") else world, max(sigma, 1e-9),
+    update = predicted_update_time(s.ps_mode, world, k if s.ps_mode.startswith("k-") else world, max(sigma, 1e-9),
                             busy_s + push_pull)
     grads = {"sync": world, "async": 1}.get(s.ps_mode, k)
     server = grads * 2 * job.grad_bytes / server_bw  # every gradient in and every parameter copy out

@@ -1,8 +1,18 @@
-"""Order statistics of per-rank step times: stragglers and parameter-server modes (seed 002).
+"""Order statistics of per-rank step times: stragglers, and the parameter-server modes' update times.
 
 A synchronous step waits for the slowest of P ranks, E[X_{P:P}]. For normal noise that is
-``mean + sigma * e_P`` (``e_P`` the expected maximum of P standard normals); for the exponential
-delays of seed 002 the parameter-server modes reuse :mod:`trainscale.ps.theory`.
+``mean + sigma * e_P`` (``e_P`` the expected maximum of P standard normals).
+
+For the parameter-server modes, mini-batch times are i.i.d. exponential (Dutta et al., "Slow and Stale
+Gradients Can Win the Race", AISTATS 2018), with ``H_n = 1 + 1/2 + ... + 1/n``:
+
+* sync waits for the slowest of P: ``E[X_{P:P}] = H_P * mean``;
+* k-sync and k-async wait for the K-th of P fresh or memoryless clocks: ``E[X_{K:P}] = (H_P - H_{P-K}) * mean``
+  (k-async restarts K learners while P-K keep going; memorylessness makes it the same race);
+* async (K = 1 of k-async) gives ``mean / P``;
+* the k-batch modes keep all P learners busy, a Poisson stream of rate P / mean: ``K * mean / P``.
+
+The runtime theorem: ``E[T_sync] / E[T_async] = P * E[X_{P:P}] / E[X]`` (= P * H_P for exponentials).
 
 Example::
 
@@ -13,7 +23,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["expected_max_normal", "straggler_wait", "sigma_from_spread", "ps_update_time", "harmonic"]
+__all__ = ["expected_max_normal", "straggler_wait", "sigma_from_spread", "harmonic", "order_statistic_exp",
+           "predicted_update_time", "sync_async_ratio"]
 
 
 def harmonic(n: int) -> float:
@@ -54,11 +65,33 @@ def straggler_wait(p: int, sigma: float) -> float:
     return sigma * expected_max_normal(p)
 
 
-def ps_update_time(mode: str, p: int, k: int, mean: float, shift: float = 0.0) -> float:
-    """Seconds per server update of a parameter-server mode (sync, k-sync, k-batch-sync, async, k-async, ...).
+def order_statistic_exp(k: int, p: int, mean: float) -> float:
+    """``E[X_{K:P}]``, the K-th smallest of P i.i.d. exponentials with this mean."""
+    if not 1 <= k <= p:
+        raise ValueError(f"need 1 <= K <= P, got K={k}, P={p}")
+    return (harmonic(p) - harmonic(p - k)) * mean
 
-    Delegates to the PS layer's theory (exponential mini-batch times plus a fixed ``shift``).
+
+def predicted_update_time(mode: str, p: int, k: int, mean: float, shift: float = 0.0) -> float:
+    """Expected seconds per server update of ``mode`` with mini-batch times ``shift + Exp(mean)``.
+
+    ``shift = 0`` is the exponential model above. A positive shift (the fixed cost of a mini-batch besides its delay:
+    launch, fetch, compute, push) adds to every order statistic, and to the cycle of the always-busy modes.
     """
-    from ..ps.theory import predicted_update_time  # pure Python: imports neither Ray nor torch
+    if mode == "sync":
+        return shift + order_statistic_exp(p, p, mean)
+    if mode == "async":
+        return (shift + mean) / p
+    if mode in ("k-sync", "k-async"):
+        # k-async overlaps the shift of the P-K learners that keep going; k-sync pays it every update.
+        return (shift if mode == "k-sync" else shift * k / p) + order_statistic_exp(k, p, mean)
+    if mode in ("k-batch-sync", "k-batch-async"):
+        return k * (shift + mean) / p
+    if mode == "downpour":
+        return (shift + mean) / p  # per shard: every learner pushes once per mini-batch
+    raise ValueError(f"no prediction for mode {mode!r}")
 
-    return predicted_update_time(mode, p, k, mean, shift)
+
+def sync_async_ratio(p: int) -> float:
+    """``E[T_sync] / E[T_async] = P * E[X_{P:P}] / E[X] = P * H_P`` for exponentials."""
+    return p * harmonic(p)

@@ -42,7 +42,7 @@ def console_table(points: list[Point], title: str) -> Any:
 
 
 def _plots(points: list[Point], out: Path) -> None:
-    from ..lab.report import figure, save
+    from ..reporting import figure, save
 
     ws = [p.world_size for p in points]
     fig, ax = figure()
@@ -67,8 +67,7 @@ def _plots(points: list[Point], out: Path) -> None:
 def write_plan(out: Path, doc: dict[str, Any], points: list[Point], notes: list[str],
                compare: list[tuple[int, list[tuple[str, float, float]]]] | None = None) -> list[Path]:
     """Write plan.json, plan.md, plan.html and the plots into ``out``; return the paths."""
-    from ..lab.common import write_json
-    from ..lab.report import write_reports
+    from ..reporting import write_json, write_reports
 
     out.mkdir(parents=True, exist_ok=True)
     _plots(points, out)

@@ -15,7 +15,8 @@ from ..distributed import DistEnv
 from .amp import apply_amp, check_amp
 from .autotune import BucketTuner, distinct_candidates
 from .checks import check_strategy, needs_hook
-from .comm import CommMeter, ring_bytes
+from ..sim.collectives import collective_bytes
+from .comm import CommMeter
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .hooks import CommHooks
 from .local_sgd import ModelAveraging, apply_local_sgd
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
-           "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter", "ring_bytes",
+           "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter",
            "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline"]
 
 
@@ -107,7 +108,7 @@ class Strategy:
             if not self.overlap and self.pipe.replicas > 1:
                 self.post_backward = grad_buckets(own, float(self.pipe.cfg.bucket_mb))
             wire = 0.5 if self.pipe.cfg.compression in ("fp16", "bf16") else 1.0
-            self.meter.fixed_bytes = ring_bytes("all_reduce", wire * sum(q.numel() * q.element_size() for q in own),
+            self.meter.fixed_bytes = collective_bytes("all_reduce", wire * sum(q.numel() * q.element_size() for q in own),
                                                 self.world)
         return loss
 
@@ -190,7 +191,7 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     # Without overlap, the gradients are exchanged by the trainer after backward, in these buckets.
     p.post_backward = [] if cfg.overlap else grad_buckets(params, candidates[0])
     if not p.hook_state:  # DDP's built-in all-reduce: the step's volume from the gradient sizes, no hook
-        meter.fixed_bytes = ring_bytes("all_reduce", sum(q.numel() * q.element_size() for q in params),
+        meter.fixed_bytes = collective_bytes("all_reduce", sum(q.numel() * q.element_size() for q in params),
                                        env.world_size)
 
     def rewrap(bucket_mb: float) -> None:

@@ -1,8 +1,7 @@
 """Communication accounting: bytes and collective calls per step, and communication left exposed after backward.
 
-Bytes are counted as a ring algorithm sends them (seed 002): an all-reduce of N bytes over P ranks sends
-2N(P-1)/P from each rank, a reduce-scatter or an all-gather N(P-1)/P. Gloo and NCCL may pick other
-algorithms (tree, halving-doubling); the ring figure is the bandwidth-optimal volume they all approach.
+Bytes are counted as a ring algorithm sends them (``trainscale.sim.collectives.collective_bytes``): an
+all-reduce of N bytes over P ranks sends 2N(P-1)/P from each rank, a reduce-scatter or an all-gather N(P-1)/P.
 """
 
 from __future__ import annotations
@@ -13,17 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CommMeter", "ring_bytes"]
+from ..sim.collectives import collective_bytes
 
-_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
-
-
-def ring_bytes(kind: str, nbytes: int, group_size: int) -> float:
-    """Bytes one rank sends for collective ``kind`` over ``nbytes`` (the full tensor) among ``group_size`` ranks."""
-    if group_size <= 1:
-        return 0.0
-    return _FACTOR[kind] * nbytes * (group_size - 1) / group_size
-
+__all__ = ["CommMeter"]
 
 class CommMeter:
     """Counts what this rank sends per optimizer step; hooks call ``collective``, the trainer ``end_step``.
@@ -49,7 +40,7 @@ class CommMeter:
     def collective(self, kind: str, nbytes: int, group_size: int, calls: int = 1) -> None:
         """Record a collective of ``nbytes`` (full tensor) among ``group_size`` ranks (``calls`` launches)."""
         self.counted = True
-        self._bytes += ring_bytes(kind, nbytes, group_size)
+        self._bytes += collective_bytes(kind, nbytes, group_size)
         self._calls += calls
 
     def end_step(self) -> None:

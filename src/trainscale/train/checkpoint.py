@@ -12,7 +12,6 @@ import errno
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,9 +21,9 @@ import torch.distributed as dist
 
 from ..config import ConfigError
 from ..log import logger
+from ..reporting.files import atomic_write_bytes
 
-__all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint", "atomic_write_bytes",
-           "CheckpointWriteError", "LATEST", "publish_latest", "checkpoint_candidates", "is_sharded",
+__all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint", "CheckpointWriteError", "LATEST", "publish_latest", "checkpoint_candidates", "is_sharded",
            "state_bytes", "check_free_space", "write_error", "prune"]
 
 LATEST = "latest"  # the pointer file's name inside a checkpoint folder
@@ -52,22 +51,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def atomic_write_bytes(path: str | Path, write: Callable[[Any], None]) -> None:
-    """Write through ``write(fileobj)`` to a temp file beside ``path``, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def state_bytes(state: Any) -> int:

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from .checkpoint import atomic_write_bytes, is_sharded, load_checkpoint
+from ..reporting.files import atomic_write_bytes
+from .checkpoint import is_sharded, load_checkpoint
 from .dcp import meta_tensor, read_all, rng_from_tensors, rng_tensors
 
 __all__ = ["convert_checkpoint", "pt_to_flat", "flat_to_pt", "main"]

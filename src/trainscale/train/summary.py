@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .checkpoint import atomic_write_bytes
+from ..reporting.files import atomic_write_bytes
 
 __all__ = ["write_summary", "read_summary", "print_summary", "median_spread", "strict_json", "summary_schema",
            "human", "SCHEMA_VERSION"]

@@ -1,4 +1,4 @@
-"""Run a job as a subprocess and read its summary: the lab's only view of a job.
+"""Run a job as a subprocess and read its summary: the lab's, the planner's and the benchmarks' only view of a job.
 
 A job is ``trainscale train [options]`` or a user's own script on the run API
 (``trainscale launch --nproc-per-node N script.py args``, its experiment switched on through
@@ -20,13 +20,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..signals import interrupt_on
+from .config import Config, ConfigError
+from .signals import interrupt_on
 
-__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill"]
+__all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill",
+           "check_train_args", "to_overrides"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
             "the loop and `run.finish()` after it (see examples/ in trainscale's repository)")
+
+
+_RESERVED = ("--json", "--nproc", "--log.progress", "--print-config", "--job.out")
+
+
+def check_train_args(args: list[str]) -> Config:
+    """Validate the train options before any run starts (a typo fails now, not after minutes)."""
+    from .train.cli import parse
+
+    for a in args:
+        if a.split("=", 1)[0] in _RESERVED:
+            raise ConfigError(a.split("=", 1)[0], a, "set by the lab itself for each run; leave it out")
+    _, cfg = parse(list(args))
+    return cfg
+
+
+def to_overrides(args: list[str]) -> list[str]:
+    """Train options (short ones too: ``--steps``, ``--profile``) as ``--section.field value`` pairs for a script.
+
+    A script on the run API reads only those pairs (``TRAINSCALE_ARGS``): every field the options set is
+    listed, plus ``job.steps`` whenever the options name a step count, even the default one.
+    """
+    from .config import config_to_dict
+    from .train.cli import parse
+
+    _, cfg = parse(list(args))
+    new, old = config_to_dict(cfg), config_to_dict(Config())
+    steps_given = any(a.split("=", 1)[0] in ("--steps", "--job.steps") for a in args)
+    out: list[str] = []
+    for sec, fields in new.items():
+        for k, v in fields.items():
+            if v != old[sec][k] or (sec, k) == ("job", "steps") and steps_given:
+                out += [f"--{sec}.{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    return out
 
 
 def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -34,8 +70,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
     ``python`` (any interpreter name) is optional and ``-m module`` is accepted, as torchrun takes them.
     """
-    from ..config import ConfigError
-
+    
     if "--" not in argv:
         return argv, None
     i = argv.index("--")
@@ -107,9 +142,8 @@ class RunSpec:
         """Variables the run reads: a script's experiment switches and where its summary goes."""
         if not self.script:
             return {}
-        from .common import to_overrides
-        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in [*to_overrides(self.train_args()),
-                                                                      "--log.progress", "none"]),
+        switches = [*to_overrides(self.train_args()), "--log.progress", "none"]
+        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in switches),
                 "TRAINSCALE_JSON": str(self.json_path)}
 
     def command(self) -> list[str]:
@@ -156,7 +190,7 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
-    from ..train.summary import read_summary
+    from .train.summary import read_summary
     summary = read_summary(spec.json_path)  # nulls (unmeasured numbers) back to NaN, as the analysis expects
     summary["command"] = spec.shell()
     return summary
