@@ -23,8 +23,11 @@ $(VENV)/.full: $(VENV)/.base
 demo: $(VENV)/.base
 	$(BIN)/trainscale train --nproc 2
 
-# --durations=25 lists the slowest tests: the suite must stay within 30 minutes on a 2-core machine.
+# Lint and type-check first (seconds), then the suite. --durations=25 lists the slowest tests: the suite must
+# stay within 30 minutes on a 2-core machine.
 test: $(VENV)/.full
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q --durations=25
 
 clean:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from _common import emit, launch_runs
+
 from pipeline import job, pipe
 
 MICRO = (1, 2, 4, 8)

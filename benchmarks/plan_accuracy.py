@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from trainscale.lab.neighbours import LoadMonitor
 from trainscale.jobs import RunSpec, run_train
+from trainscale.lab.neighbours import LoadMonitor
 from trainscale.lab.stats import job_step_time
 from trainscale.sim.calibrate import calibrate
 from trainscale.sim.calibration import Calibration

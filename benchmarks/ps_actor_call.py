@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import ray
-
 from _ps_cpu import cpu_s
 
 

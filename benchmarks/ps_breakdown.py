@@ -20,14 +20,12 @@ import statistics
 import time
 
 import numpy as np
-import ray
-import torch
-
 import ps_throughput as tp
+import ray
 from _ps_cpu import CpuMeter, ray_daemons
+
 from trainscale.config import DataConfig, load_config
 from trainscale.data import build_datasets
-from trainscale.models import build_model
 from trainscale.ps.actors import PsActors
 from trainscale.ps.job import run_ps
 

@@ -21,9 +21,9 @@ import statistics
 from pathlib import Path
 
 import ray
-
 from _common import spread
 from _ps_cpu import CpuMeter, ray_daemons
+
 from trainscale.config import load_config
 from trainscale.ps.actors import PsActors
 from trainscale.ps.job import run_ps

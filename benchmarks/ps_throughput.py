@@ -21,8 +21,8 @@ import time
 import numpy as np
 import ray
 import torch
-
 from _common import spread
+
 from trainscale.config import DataConfig, load_config
 from trainscale.data import build_datasets
 from trainscale.models import build_model

@@ -11,8 +11,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import jsonschema
 import pytest
 
 from clitools import FAST, REPO, read_json, run_cli
@@ -205,7 +205,7 @@ def test_summary_strict_json_and_nan_round_trip(tmp_path_factory):
     back = read_summary(tmp_path / "s.json")
     assert math.isnan(back["eval_loss"]) and math.isnan(back["loss_curve"][0][2])
     assert math.isnan(back["rank_compute_s"][0]) and back["rank_compute_s"][1] == 0.5 and back["note"] == "x"
-    with pytest.raises(Exception):
+    with pytest.raises(jsonschema.ValidationError):
         check_summary_file(tmp_path / "s.json")  # required fields missing: the schema says so
 
 

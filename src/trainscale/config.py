@@ -353,6 +353,8 @@ class LogConfig(_Section):
 # Cumulative, like the doctor's separate experiments: no_comm also keeps one batch on the device.
 PHASE_FLAGS: dict[str, tuple[bool, bool]] = {"base": (False, False), "no_data": (False, True), "no_comm": (True, True)}
 PHASES = tuple(PHASE_FLAGS)
+# The spans of one step in timeline.json, in the order they happen (the timeline and the doctor's plots share them).
+SPANS = ("data wait", "host work", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
 
 
 @dataclass

@@ -70,7 +70,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
     ``python`` (any interpreter name) is optional and ``-m module`` is accepted, as torchrun takes them.
     """
-    
+
     if "--" not in argv:
         return argv, None
     i = argv.index("--")
@@ -88,7 +88,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 class RunFailed(RuntimeError):
     """A training run ended with an error (or timed out); ``detail`` holds its last error lines."""
 
-    def __init__(self, spec: "RunSpec", detail: str):
+    def __init__(self, spec: RunSpec, detail: str):
         self.spec, self.detail = spec, detail
         super().__init__(f"{spec.label} failed: {detail}")
 

@@ -17,8 +17,7 @@ from trainscale.data import DataInfo
 from trainscale.data.datasets import TensorImages
 from trainscale.data.loader import TrainLoader
 from trainscale.strategies.amp import apply_amp
-from trainscale.train.instruments import ComputeClock
-from trainscale.train.instruments import OpProfiler
+from trainscale.train.instruments import ComputeClock, OpProfiler
 from trainscale.train.trainer import build_optimizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from imgutil import FAST, make_folder, run_cli
+
 from trainscale.config import ConfigError, DataConfig
 from trainscale.data import DataInfo, TensorImages, TrainLoader, build_datasets, data_wait_advice, startup_warnings
 from trainscale.data.decode import load_crop

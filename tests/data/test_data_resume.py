@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from imgutil import FAST, make_folder, run_cli
+
 from trainscale.config import DataConfig
 from trainscale.data import TrainLoader, build_datasets
 

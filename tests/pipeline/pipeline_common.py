@@ -25,7 +25,7 @@ def assert_same_training(weights: dict, summary: dict, want: tuple[dict, list[fl
     ref_w, ref_losses = want
     assert weights.keys() == ref_w.keys()
     for k in ref_w:
-        torch.testing.assert_close(weights[k], ref_w[k], atol=ATOL, rtol=RTOL, msg=lambda m: f"{what} {k}: {m}")
+        torch.testing.assert_close(weights[k], ref_w[k], atol=ATOL, rtol=RTOL, msg=lambda m, k=k: f"{what} {k}: {m}")
     assert [summary["loss_first"], summary["loss_last"]] == pytest.approx([ref_losses[0], ref_losses[-1]], rel=1e-5)
     if summary["pipeline"]["replicas"] == 1:  # the curve is rank 0's replica's loss (as DDP's is rank 0's share)
         curve = [loss for _, _, loss in summary["loss_curve"]]

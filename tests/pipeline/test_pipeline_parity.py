@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from pipeline_common import COMMON, DEPTH, GLOBAL_BATCH, STEPS, WIDTH, assert_same_training, reference
 
 from clitools import REPO, run_cli
-from pipeline_common import COMMON, DEPTH, GLOBAL_BATCH, STEPS, WIDTH, assert_same_training, reference
+
 
 @pytest.fixture(scope="module")
 def ref6():

@@ -44,10 +44,10 @@ def test_uniform_and_named_splits():
 def test_layers_at_natural_boundaries_compose_to_the_model():
     torch.manual_seed(0)
     mlp = build_model("mlp", (1, 8, 8), 10, width=16, depth=3)
-    assert [l.name for l in pipeline_layers(mlp)] == ["1", "3", "5", "7"]  # Flatten and ReLUs ride along
+    assert [layer.name for layer in pipeline_layers(mlp)] == ["1", "3", "5", "7"]  # Flatten and ReLUs ride along
     net = build_model("resnet18", (3, 16, 16), 10, width=8).eval()
     layers = pipeline_layers(net)
-    assert [l.name for l in layers][:3] == ["stem", "stages.0.0", "stages.0.1"] and layers[-1].name == "head"
+    assert [layer.name for layer in layers][:3] == ["stem", "stages.0.0", "stages.0.1"] and layers[-1].name == "head"
     assert len(layers) == 1 + 8 + 1
     x = torch.randn(2, 3, 16, 16)
     y = x
@@ -62,7 +62,7 @@ def test_layers_at_natural_boundaries_compose_to_the_model():
 
         def forward(self, x):
             return self.head(self.body(self.embed(x)))
-    assert [l.name for l in pipeline_layers(Net(), ["embed", "body", "head"])] == ["embed", "body", "head"]
+    assert [layer.name for layer in pipeline_layers(Net(), ["embed", "body", "head"])] == ["embed", "body", "head"]
     with pytest.raises(TypeError, match="layers="):
         pipeline_layers(Net())
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainscale.reporting import mean_interval
 from trainscale.ps.experiments import convergence_experiment, runtime_experiment
+from trainscale.reporting import mean_interval
 
 
 def test_mean_interval_is_the_student_t_interval():

@@ -130,6 +130,6 @@ def test_a_local_ray_that_misses_its_start_window_is_started_once_more():
         _init(other, {"num_cpus": 2}, verbose=False)
     assert other.inits == 1  # only the start-up timeout is retried
     joined = _SlowStartRay(fails=1)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever Ray raises for an address with no cluster
         _init(joined, {"address": "10.0.0.1:6379"}, verbose=False)  # a cluster that is not there: no retry
     assert joined.inits == 1

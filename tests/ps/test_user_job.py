@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 import user_job
 from test_cli import _env, _left_behind
+
 from trainscale.config import ConfigError
 from trainscale.ps.data import as_arrays, infer_info, resolve_loss
 

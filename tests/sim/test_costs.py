@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
 import pytest
 
-from trainscale.sim.collectives import (AlphaBeta, bus_bandwidth, hierarchical_time, nccl_ring_time,
-                                        ps_bytes_at_server, ring_bytes_per_worker, ring_time, tree_time)
+from trainscale.sim.collectives import (
+    AlphaBeta,
+    bus_bandwidth,
+    hierarchical_time,
+    nccl_ring_time,
+    ps_bytes_at_server,
+    ring_bytes_per_worker,
+    ring_time,
+    tree_time,
+)
 from trainscale.sim.order_stats import expected_max_normal, predicted_update_time, sigma_from_spread, straggler_wait
 from trainscale.sim.step import exposed_comm, make_buckets, pipeline_bubble, ready_at
 

@@ -36,4 +36,4 @@ def train(tmp: Path, nproc: int, *extra: str, timeout: float = 150) -> tuple[dic
 def assert_weights_close(got: dict, want: dict, atol: float = ATOL, rtol: float = RTOL, what: str = "") -> None:
     assert got.keys() == want.keys()
     for k in want:
-        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=rtol, msg=lambda m: f"{what} {k}: {m}")
+        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=rtol, msg=lambda m, k=k: f"{what} {k}: {m}")

@@ -1,7 +1,6 @@
 """Compression stays close to DDP and halves the bytes; local SGD replicas agree exactly after averaging only."""
 
 import pytest
-
 from strategies_common import GRAD_BYTES, assert_weights_close, reference_weights, train
 
 # fp16 keeps 11 significant bits, bf16 8: over 6 steps at lr 0.1 the weights move by at most this much.

@@ -1,7 +1,6 @@
 """Each strategy that must not change the mathematics ends with the weights of plain synchronous SGD."""
 
 import pytest
-
 from strategies_common import GRAD_BYTES, assert_weights_close, reference_weights, train
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from survive_jobs import JOB, run
 
 

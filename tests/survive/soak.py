@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from survive_jobs import JOB, finish, run, same_weights, start, wait_for  # noqa: E402
 
-
 STEPS = int(JOB[JOB.index("--steps") + 1])
 
 

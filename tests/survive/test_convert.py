@@ -4,8 +4,8 @@ import errno
 
 import pytest
 import torch
-
 from survive_jobs import same_weights, weights
+
 from trainscale.config import ConfigError
 from trainscale.train.checkpoint import is_sharded
 from trainscale.train.convert import convert_checkpoint

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from survive_jobs import run
 
 ZERO = ["--model", "mlp", "--model.width", "32", "--data", "digits", "--steps", "30", "--log.progress", "lines",

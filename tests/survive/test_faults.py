@@ -9,7 +9,6 @@ import signal
 import time
 
 import pytest
-
 from survive_jobs import JOB, finish, run, same_weights, start, wait_for
 
 TIMEOUT_S = 10  # --job.timeout_s of the hang tests

@@ -2,7 +2,7 @@
 
 from .build import build_train_loader, check_data
 from .checks import data_wait_advice, startup_warnings
-from .datasets import DataInfo, infer_info, TensorImages, available_datasets, build_datasets, register_dataset
+from .datasets import DataInfo, TensorImages, available_datasets, build_datasets, infer_info, register_dataset
 from .loader import DeviceNormalize, Prefetcher, TrainLoader, eval_batches
 from .sampler import EpochBatchSampler, ShardedSampler, eval_indices
 

@@ -63,7 +63,7 @@ class DaliLoader:
         self.epoch, self.batch_in_epoch, self.skipped, self.workers_started = 0, 0, 0, 0
         self._busy_s, self._samples = 0.0, 0
 
-    def __iter__(self) -> "DaliLoader":
+    def __iter__(self) -> DaliLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,8 +7,8 @@ a list touches every element's reference count and so copies the pages it forked
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

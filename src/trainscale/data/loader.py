@@ -17,7 +17,8 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -286,7 +287,7 @@ class TrainLoader:
             self.skipped += 1
             logger.warning(f"skipped unreadable image {file}: {why} ({self.skipped} so far; data.on_error = skip)")
 
-    def __iter__(self) -> "TrainLoader":
+    def __iter__(self) -> TrainLoader:
         return self
 
     def next_host(self) -> Any:

@@ -20,9 +20,10 @@ import os
 import shutil
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import Sampler

@@ -12,7 +12,6 @@ import torch.distributed as dist
 
 from ..about import available_cores
 from ..config import ConfigError, JobConfig
-from ..log import logger
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
            "gather_env_rows", "is_launched", "shutdown"]

@@ -111,7 +111,7 @@ class Watchdog:
         self.phase, self.step, self.detail = phase, step, detail
         self.progress += 1
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         """Beat and watch in a daemon thread."""
         self._thread = threading.Thread(target=self._loop, name="trainscale-watchdog", daemon=True)
         self._thread.start()

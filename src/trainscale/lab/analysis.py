@@ -37,6 +37,7 @@ import math
 import statistics
 from typing import Any
 
+from ..config import PHASES
 from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
 
 __all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load"]
@@ -131,9 +132,9 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
     """
     from .suggest import suggest
 
-    R = min(len(runs.get((c, k), [])) for c in ("base", "no_data", "no_comm") for k in (1, n))
+    R = min(len(runs.get((c, k), [])) for c in PHASES for k in (1, n))
     pick = lambda c, k: _t(runs, c, k)[:R]  # noqa: E731
-    b1, bn, d1, dn, c1, cn = (pick(c, k) for c in ("base", "no_data", "no_comm") for k in (1, n))
+    b1, bn, d1, dn, c1, cn = (pick(c, k) for c in PHASES for k in (1, n))
     se = {(c, k): _se(runs, c, k, R) for c in CONFIGS for k in (1, n)}
     loss_r = [x - y for x, y in zip(bn, b1)]
     loss, loss_noise, loss_low = _term(loss_r, [se["base", 1], se["base", n]])
@@ -144,7 +145,7 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
     # communication share its cores) is moved out of input and communication into the straggler, so the
     # straggler counts its whole cost in the job as it runs and the terms still add up to the loss.
     gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]]
-           for c in ("base", "no_data", "no_comm")}
+           for c in PHASES}
     g = {c: [x[0] for x in v] for c, v in gap.items()}
     input_r = [(bn[i] - dn[i]) - (b1[i] - d1[i]) - (g["base"][i] - g["no_data"][i]) for i in range(R)]
     # Ranks that synchronise every step also wait for whichever of them is slowest that step: jitter, not the

@@ -18,13 +18,15 @@ import math
 import random
 import statistics
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from ..config import PHASES
 from .stats import block_step_time, sync_wait
 
 __all__ = ["resample_runs", "block_times", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
 
-PHASE_KEYS = ("base", "no_data", "no_comm")
+PHASE_KEYS = PHASES  # the three paired experiments, in the order the analysis reads them
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..config import ConfigError
 from ..about import available_cores as cores
+from ..config import ConfigError
 
 __all__ = ["parse_nproc_list", "machine_description", "cores"]
 

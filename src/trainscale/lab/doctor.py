@@ -27,11 +27,11 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..config import ConfigError, config_to_dict
-from .analysis import CONFIGS, analyse
+from ..config import PHASES, ConfigError, config_to_dict
 from ..jobs import RunFailed, RunSpec, check_train_args, run_train, split_script
 from ..reporting import figure, save, write_json, write_reports
 from ..reporting.console import console, err_console
+from .analysis import CONFIGS, analyse
 from .common import cores, machine_description
 from .neighbours import LoadMonitor
 from .ranks import plot_ranks
@@ -347,7 +347,7 @@ def main(argv: list[str]) -> int:
                            "machine": machine_description(), "config": {
                                "nproc": n, "repeat": R, "train_args": rest, "script": script,
                                "threads_per_process": threads, "budget_s": budget, "train": config_to_dict(cfg)}}
-    first = ("base", "no_data", "no_comm")
+    first = PHASES
     steps = cfg.log.skip_first + args.cycles * len(first) * args.phase_steps
     phased = ["--ablate.phases", ",".join(first), "--ablate.phase_steps", str(args.phase_steps),
               "--steps", str(steps)]

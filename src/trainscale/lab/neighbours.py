@@ -26,7 +26,7 @@ class LoadMonitor:
         self.t0 = self.t1 = self.wall_t0 = 0.0
         self.gpu_users: list[dict[str, Any]] = []
 
-    def __enter__(self) -> "LoadMonitor":
+    def __enter__(self) -> LoadMonitor:
         self.t0, self.wall_t0 = time.monotonic(), time.time()
         self._thread = threading.Thread(target=self._run, name="trainscale-load-monitor", daemon=True)
         self._thread.start()

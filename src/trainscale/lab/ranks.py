@@ -96,7 +96,7 @@ def plot_timeline(trace: Path, path: Path, steps: int = 4) -> Path | None:
     """
     import json
 
-    from ..train.instruments.timeline import SPANS
+    from ..config import SPANS
 
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     ranks = sorted({e["pid"] for e in events})

@@ -5,11 +5,11 @@ order-statistics predictions are plain Python and import neither Ray nor torch's
 :func:`run_ps` (in :mod:`.job`) needs a running Ray.
 """
 
+from ..sim.order_stats import order_statistic_exp, predicted_update_time, sync_async_ratio
 from .delays import Delay, parse_delay
 from .lr_rules import coefficients
 from .policies import COORDINATED_MODES, MODES, Apply, Cancel, Launch, Policy, resolve_k
 from .sharding import Layout, balance
-from ..sim.order_stats import order_statistic_exp, predicted_update_time, sync_async_ratio
 
 __all__ = ["Delay", "parse_delay", "coefficients", "COORDINATED_MODES", "MODES", "Apply", "Cancel", "Launch",
            "Policy", "resolve_k", "Layout", "balance", "order_statistic_exp", "predicted_update_time",

@@ -55,7 +55,7 @@ class PsActors:
         self.grow(learners)
 
     @classmethod
-    def from_config(cls, ps: Any) -> "PsActors":
+    def from_config(cls, ps: Any) -> PsActors:
         """The actors a run with this ``PsConfig`` needs."""
         return cls(ps.learners, ps.shards, ps.threads, ps.max_restarts, ps.snapshot_dir, ps.learner_gpus,
                    ps.learner_cpus, ps.shard_cpus, ps.placement, ps.timeout_s)

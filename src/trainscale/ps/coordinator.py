@@ -14,7 +14,8 @@ whose parameters it lost (their task fails on that argument) are launched again 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
@@ -39,7 +40,7 @@ class Coordinator:
     """
 
     def __init__(self, cfg: PsConfig, learners: list, shards: list, params: list, shard_pids: list[int],
-                 setup: Callable[[int], Any], on_update: Callable[[int, "Coordinator"], None] | None = None,
+                 setup: Callable[[int], Any], on_update: Callable[[int, Coordinator], None] | None = None,
                  learner_pids: list[int] | None = None, shard_ids: list[str] | None = None):
         self.cfg, self.learners, self.shards, self.params = cfg, learners, shards, list(params)
         self.shard_pids = list(shard_pids)

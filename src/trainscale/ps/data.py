@@ -12,8 +12,9 @@ The loss is ``job.loss`` when the configuration has that field (a ``package.modu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,7 +66,7 @@ def loss_name(cfg: Config) -> str:
 
 def resolve_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss ``job.loss`` names (one table for trainscale train and the parameter server)."""
-    from ..train.losses import resolve_loss as resolve
+    from ..models.losses import resolve_loss as resolve
     return resolve(name)
 
 

@@ -9,7 +9,8 @@ costs its share of the data for a while and nothing else, as Downpour promises.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
@@ -28,7 +29,7 @@ class DownpourDriver:
     """Runs Downpour on ``learners`` and ``shards`` until the slowest shard has ``ps.steps`` updates (or time)."""
 
     def __init__(self, cfg: PsConfig, learners: list, shards: list, shard_pids: list[int], setup: Callable[[int], Any],
-                 on_update: Callable[[int, "DownpourDriver"], None] | None = None,
+                 on_update: Callable[[int, DownpourDriver], None] | None = None,
                  learner_pids: list[int] | None = None):
         self.cfg, self.learners, self.shards, self.setup, self.on_update = cfg, learners, shards, setup, on_update
         self.shard_pids = list(shard_pids)

@@ -17,8 +17,9 @@ import argparse
 import math
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..config import ConfigError, load_config
 from ..log import logger, setup_logging

@@ -9,8 +9,9 @@ Example (Ray already running)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +100,6 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
     from .coordinator import Coordinator
     from .downpour import DownpourDriver
     from .progress import PsProgress
-    from .record import PsError
     from .summary import evaluate, summarize
 
     ps = cfg.ps

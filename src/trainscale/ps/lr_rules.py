@@ -11,7 +11,7 @@ An update averages the gradients ``g_i`` it takes: ``w <- w - sum_i c_i g_i`` wi
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["RULES", "coefficients"]
 

@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = ["COORDINATED_MODES", "MODES", "Launch", "Cancel", "Apply", "Gradient", "Action", "Policy", "resolve_k"]
 
@@ -72,7 +71,7 @@ class Apply:
     staleness: tuple[int, ...]
 
 
-Action = Union[Launch, Cancel, Apply]
+Action = Launch | Cancel | Apply
 
 
 def resolve_k(mode: str, learners: int, k: int | str) -> int:

@@ -3,8 +3,9 @@ tables and plots, written through the lab's report module (Markdown, HTML and PN
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..reporting import Block, Interval, figure, mean_interval, save, write_json, write_reports
 from ..sim.collectives import ps_bytes_at_server, ring_bytes_per_worker, ring_bytes_total

@@ -6,8 +6,8 @@ import faulthandler
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from ..log import logger
 from ..signals import interrupt_on

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+
 from rich.console import Console
 
 __all__ = ["console", "err_console"]

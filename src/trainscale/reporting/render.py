@@ -6,8 +6,9 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["Block", "render_markdown", "render_html", "write_reports", "figure", "save", "legend_below",
            "numeric_columns"]
@@ -102,7 +103,7 @@ def render_html(title: str, blocks: list[Block], folder: Path) -> str:
             body.append(f"<p>{esc(b[1])}</p>")
         elif kind == "table":
             right = numeric_columns(b[2]) + [False] * len(b[1])
-            cls = lambda i: ' class="num"' if right[i] else ""  # noqa: E731
+            cls = lambda i, right=right: ' class="num"' if right[i] else ""
             head = "".join(f"<th{cls(i)}>{esc(str(h))}</th>" for i, h in enumerate(b[1]))
             rows = "".join("<tr>" + "".join(f"<td{cls(i)}>{esc(str(c))}</td>" for i, c in enumerate(r)) + "</tr>"
                            for r in b[2])

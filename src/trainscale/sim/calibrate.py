@@ -24,8 +24,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..about import available_cores
 from ..config import config_to_dict
@@ -42,10 +43,10 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
     from torch.utils.flop_counter import FlopCounterMode
 
     from ..data import build_datasets
+    from ..jobs import check_train_args
     from ..models import build_model
-    from ..train.cli import parse
 
-    _, cfg = parse(train_args)
+    cfg = check_train_args(train_args)
     _, _, info = build_datasets(cfg.data)
     model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -81,7 +81,7 @@ class Calibration:
         write_json(Path(path), asdict(self))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Calibration":
+    def load(cls, path: str | Path) -> Calibration:
         """Read a calibration file; anything else is one clear line."""
         p = Path(path)
         if not p.is_file():

@@ -21,8 +21,15 @@ from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time
 from .hardware import Link, catalog, link
 from .host import shared_step_s, slowdown_at, thread_slowdown
 from .order_stats import expected_max_normal, predicted_update_time, sigma_from_spread
-from .step import (compressed_bytes, exposed_comm, input_bound_step, make_buckets, pipeline_bubble,
-                   profile_tensors, ready_at)
+from .step import (
+    compressed_bytes,
+    exposed_comm,
+    input_bound_step,
+    make_buckets,
+    pipeline_bubble,
+    profile_tensors,
+    ready_at,
+)
 from .topology import Topology
 
 __all__ = ["Job", "Cluster", "Strategy", "Point", "forecast", "world_sizes", "PS_MODES"]
@@ -81,7 +88,7 @@ class Cluster:
 
     @classmethod
     def from_catalog(cls, gpu_name: str | None, gpus_per_node: int, intra: str, inter: str,
-                     topo: Topology | None = None) -> "Cluster":
+                     topo: Topology | None = None) -> Cluster:
         """Links from the catalogue; with a topology the intra link is slowed to its ring's slowest hop."""
         from .hardware import gpu
 

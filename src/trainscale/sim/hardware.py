@@ -57,7 +57,7 @@ class Link:
     def hop_s(self) -> float:
         return self.hw_lat_us * 1e-6
 
-    def scaled(self, factor: float, name: str | None = None) -> "Link":
+    def scaled(self, factor: float, name: str | None = None) -> Link:
         """The same link at ``factor`` of its bandwidth (a slower path through bridges, several links bonded)."""
         return Link(name or self.name, self.gbs * factor, self.hw_lat_us, self.kind, self.source)
 

@@ -9,7 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["make_buckets", "ready_at", "exposed_comm", "compressed_bytes", "COMPRESSION", "local_sgd_comm",
            "zero1_comm_bytes", "pipeline_bubble", "input_bound_step", "profile_tensors"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,10 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import StrategyConfig
 from ..distributed import DistEnv
+from ..sim.collectives import collective_bytes
 from .amp import apply_amp, check_amp
 from .autotune import BucketTuner, distinct_candidates
 from .checks import check_strategy, needs_hook
-from ..sim.collectives import collective_bytes
 from .comm import CommMeter
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .hooks import CommHooks
@@ -54,7 +56,7 @@ class Strategy:
     Pipelined (``strategy.pipeline_stages`` > 1), ``pipeline_step`` replaces forward and backward.
     """
 
-    def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], ContextManager],
+    def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], AbstractContextManager],
                  scaler: torch.amp.GradScaler, meter: CommMeter, world: int, overlap: bool):
         self.model, self.module, self.autocast, self.scaler, self.meter = model, module, autocast, scaler, meter
         self.world, self.overlap = world, overlap
@@ -79,7 +81,7 @@ class Strategy:
         self.model.require_backward_grad_sync = sync and self.overlap
         self.model.require_forward_param_sync = comm
 
-    def no_sync(self) -> ContextManager:
+    def no_sync(self) -> AbstractContextManager:
         """DDP's ``no_sync()``: forward and backward inside it accumulate gradients without an exchange."""
         return self.model.no_sync()
 
@@ -209,7 +211,7 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     return p
 
 
-def apply_pipeline(model: nn.Module, env: DistEnv, cfg: StrategyConfig, autocast: Callable[[], ContextManager],
+def apply_pipeline(model: nn.Module, env: DistEnv, cfg: StrategyConfig, autocast: Callable[[], AbstractContextManager],
                    scaler: torch.amp.GradScaler, layers: list[str] | None) -> Strategy:
     """Pipeline (x data) parallelism: the stages are cut at the first step; DDP averages over the replica group."""
     from .pipeline import Pipeline  # torch.distributed.pipelining costs ~2 s of import in every rank: only when used

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -20,7 +21,7 @@ def check_amp(amp: str, device: torch.device) -> None:
         raise ConfigError("strategy.amp", amp, "fp16 needs a CUDA device; on CPU use bf16 or none")
 
 
-def apply_amp(amp: str, device: torch.device) -> tuple[Callable[[], ContextManager], torch.amp.GradScaler]:
+def apply_amp(amp: str, device: torch.device) -> tuple[Callable[[], AbstractContextManager], torch.amp.GradScaler]:
     """Return (autocast context factory, loss scaler); the scaler is a no-op unless amp is fp16."""
     check_amp(amp, device)
     scaler = torch.amp.GradScaler(device.type, enabled=(amp == "fp16"))

@@ -8,7 +8,8 @@ updates): only the bucket layout changes between them.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

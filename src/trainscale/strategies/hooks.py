@@ -7,8 +7,9 @@ state. Compression reuses PyTorch's own hooks and wrappers (``default_hooks.fp16
 
 # No ``from __future__ import annotations`` here: DDP checks a hook's ``bucket: dist.GradBucket`` annotation
 # against the class itself, which a string annotation fails.
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -13,8 +13,8 @@ import warnings
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from ..config import StrategyConfig
 from .comm import CommMeter

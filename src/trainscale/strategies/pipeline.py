@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleZBVZeroBubble)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import ConfigError, StrategyConfig
@@ -111,7 +117,7 @@ class Pipeline:
             raise ConfigError("strategy.pipeline_stages", self.stages, str(e)) from None
         if len(self.layers) < self.n_chunks:
             raise ConfigError("strategy.pipeline_stages", self.stages, f"more stages ({self.n_chunks} model chunks) "
-                              f"than the model's {len(self.layers)} layers ({', '.join(l.name for l in self.layers)})")
+                              f"than the model's {len(self.layers)} layers ({', '.join(layer.name for layer in self.layers)})")
         mesh = init_device_mesh(env.device.type, (self.replicas, self.stages), mesh_dim_names=("dp", "pp"))
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
         self.chunks = chunk_ids(self.stage, self.stages, cfg.stages_per_rank, cfg.schedule)
@@ -132,7 +138,7 @@ class Pipeline:
     # ------------------------------------------------------------------ build
     def split_for(self, micro: torch.Tensor) -> tuple[list[int], list[LayerCost]]:
         """The chunks' first layers as ``strategy.split`` says, and the profile behind ``auto`` (rank 0 decides)."""
-        how, names = self.cfg.split, [l.name for l in self.layers]
+        how, names = self.cfg.split, [layer.name for layer in self.layers]
         choice: list[Any] = [None, []]
         if self.env.rank == 0:
             if how == "auto":
@@ -141,7 +147,7 @@ class Pipeline:
             elif how == "uniform":
                 choice[0] = uniform_split(len(names), self.n_chunks)
             elif how == "params":
-                sizes = [float(sum(p.numel() for p in l.module.parameters())) for l in self.layers]
+                sizes = [float(sum(p.numel() for p in layer.module.parameters())) for layer in self.layers]
                 choice[0] = balanced_split(sizes, self.n_chunks)
             else:
                 try:
@@ -162,7 +168,7 @@ class Pipeline:
         self.starts, self.costs = self.split_for(x[: x.shape[0] // m])
         ends = self.starts[1:] + [len(self.layers)]
         for c in self.chunks:
-            chunk = nn.Sequential(*(l.module for l in self.layers[self.starts[c]:ends[c]]))
+            chunk = nn.Sequential(*(layer.module for layer in self.layers[self.starts[c]:ends[c]]))
             self.stage_modules.append(self._wrap(chunk))
         self._drop_foreign_state(optimizer)
         self._stages = [_TimedStage(mod, c, self.n_chunks, self.env.device, group=self.pp_group)
@@ -261,7 +267,7 @@ class Pipeline:
         dist.all_gather_object(rows, (self.stage, self.replica, step_s, busy_s))
         per_stage = [statistics.mean(b for st, _, _, b in rows if st == s) for s in range(self.stages)]
         idle = [1 - b / t for _, _, t, b in rows if t > 0]
-        names = [l.name for l in self.layers]
+        names = [layer.name for layer in self.layers]
         ends = self.starts[1:] + [len(self.layers)]
         out: dict[str, Any] = {
             "stages": self.stages, "replicas": self.replicas, "microbatches": self.cfg.microbatches,

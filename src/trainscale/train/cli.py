@@ -97,9 +97,9 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     from ..data.datasets import import_data_builder
     from ..distributed.env import resolve_backend, resolve_device
     from ..models import check_name
+    from ..models.losses import resolve_loss
     from ..strategies import check_amp, check_strategy
     from .trackers import check_tracker
-    from .losses import resolve_loss
 
     check_name(cfg.model.name)
     if ":" in cfg.data.name:
@@ -220,11 +220,10 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from ..distributed import shutdown
-    from .run import RunError
-    from .trainer import Trainer
-
     from .checkpoint import CheckpointWriteError
     from .preempt import EXIT_PREEMPTED
+    from .run import RunError
+    from .trainer import Trainer
 
     @record  # a failing rank's traceback reaches torchrun, which ends the other ranks and reports it
     def run() -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -13,7 +15,7 @@ __all__ = ["evaluate", "evaluate_batches"]
 
 @torch.no_grad()
 def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
-             autocast: Callable[[], ContextManager]) -> tuple[float, float, int]:
+             autocast: Callable[[], AbstractContextManager]) -> tuple[float, float, int]:
     """Return (mean loss, accuracy, samples) over every rank's shard, each sample counted once.
 
     Shards are uneven (no padding), so each rank sums its own loss, hits and count, and one
@@ -37,7 +39,7 @@ def evaluate(module: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tens
 
 @torch.no_grad()
 def evaluate_batches(module: nn.Module, batches: Iterable[Any], device: torch.device,
-                     autocast: Callable[[], ContextManager], loss_fn: Callable | None = None
+                     autocast: Callable[[], AbstractContextManager], loss_fn: Callable | None = None
                      ) -> tuple[float, float, int]:
     """Like ``evaluate`` for ``(input, target)`` batches and any loss: (mean loss, accuracy or nan, samples).
 

@@ -19,9 +19,10 @@ import random
 import shlex
 import socket
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, SequentialSampler, default_collate
 
+from ..about import versions
 from ..config import Config, apply_overrides, config_to_dict, parse_override_args
 from ..data import DataInfo, build_train_loader, data_wait_advice
 from ..data.delay import with_sample_delay
@@ -37,13 +39,22 @@ from ..distributed import DistEnv, gather_env_rows, init_distributed
 from ..distributed.table import print_env_table
 from ..log import logger, setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero, optimizer_state_dict
-from .checkpoint import (CheckpointWriteError, checkpoint_candidates, is_sharded, load_checkpoint, publish_latest,
-                         save_checkpoint, set_rng_state, state_bytes, warn_skipped, write_error)
+from .checkpoint import (
+    CheckpointWriteError,
+    checkpoint_candidates,
+    is_sharded,
+    load_checkpoint,
+    publish_latest,
+    save_checkpoint,
+    set_rng_state,
+    state_bytes,
+    warn_skipped,
+    write_error,
+)
 from .guard import Guard
 from .instruments import Instruments, StepMode, merge_phase_stats, write_trace
 from .metrics import MetricsLog
 from .progress import ProgressView
-from ..about import versions
 from .summary import SCHEMA_VERSION, median_spread, print_summary, write_summary
 
 __all__ = ["Run", "init", "RunError", "ENV_ARGS", "ENV_JSON"]
@@ -56,7 +67,7 @@ class RunError(ValueError):
     """The run API was used in a way it cannot work (one line that says what to change)."""
 
 
-def init(cfg: Config | None = None, args: list[str] | None = None, json_path: str | None = None) -> "Run":
+def init(cfg: Config | None = None, args: list[str] | None = None, json_path: str | None = None) -> Run:
     """Join the process group (under ``trainscale launch`` / torchrun, or alone) and start a run.
 
     ``args`` are ``--section.field value`` overrides of ``cfg`` (default: ``Config()``); the lab's
@@ -711,7 +722,7 @@ class PreparedModel(nn.Module):
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         return self._strategy.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def train(self, mode: bool = True) -> "PreparedModel":
+    def train(self, mode: bool = True) -> PreparedModel:
         self._strategy.module.train(mode)
         return super().train(mode)
 

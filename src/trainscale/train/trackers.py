@@ -61,8 +61,9 @@ class _MLflow:
             self.client.log_param(self.run_id, k, v)
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
         ms = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, ms, step) for k, v in values.items()])
 

@@ -13,13 +13,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
-from ..log import logger
 from ..data import DataInfo, build_datasets, eval_batches, infer_info
 from ..distributed import DistEnv
+from ..log import logger
 from ..models import build_model
+from ..models.losses import resolve_loss
 from .checkpoint import CheckpointWriteError, prune
 from .evaluate import evaluate
-from .losses import resolve_loss
 from .run import init
 from .schedule import lr_at
 

@@ -144,7 +144,7 @@ class _SleepFn(torch.autograd.Function):
     """Forward: sleep, return a stored output. Backward: sleep, return zero gradients of the right shapes."""
 
     @staticmethod
-    def forward(ctx: Any, rec: "_CallRecord", sleeper: _Sleeper, *tensors: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, rec: _CallRecord, sleeper: _Sleeper, *tensors: torch.Tensor) -> torch.Tensor:
         out = rec.output
         # An epoch's last batch may be smaller: sleep in proportion and return an output of its size.
         n = tensors[0].shape[0] if tensors and tensors[0].dim() and out.dim() else out.shape[0] if out.dim() else 1

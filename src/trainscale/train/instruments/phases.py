@@ -30,7 +30,7 @@ class StepMode:
     cycle: int = -1  # which pass through the phases (the lab resamples whole cycles: a paired, blocked design)
 
     @classmethod
-    def of_phase(cls, phase: str, timed: bool, cycle: int) -> "StepMode":
+    def of_phase(cls, phase: str, timed: bool, cycle: int) -> StepMode:
         no_comm, no_data = PHASE_FLAGS[phase]
         return cls(no_comm, no_data, phase, timed, cycle)
 
@@ -44,7 +44,7 @@ class PhasePlan:
     settle: int
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "PhasePlan | None":
+    def from_config(cls, cfg: Config) -> PhasePlan | None:
         names = cfg.ablate.phase_list()
         if not names:
             return None

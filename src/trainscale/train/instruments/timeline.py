@@ -16,9 +16,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ...config import SPANS
+
 __all__ = ["StepTimeline", "build_trace", "write_trace", "SPANS"]
 
-SPANS = ("data wait", "host work", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
 
 Row = tuple[int, float, float, float, float, float, float, float]  # step, t0, wait, fb0, compute, call, opt, end
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 def resolve_loss(name: str) -> Callable[[Any, Any], torch.Tensor]:
     """A built-in name or a user's ``package.module:function(output, target)`` returning a scalar tensor."""
     if ":" in name:
-        from ..models import import_callable
+        from . import import_callable
         return import_callable(name, "job.loss")
     if name not in LOSSES:
         raise ConfigError("job.loss", name, "one of " + ", ".join(LOSSES) + ", or package.module:function")

@@ -1,0 +1,89 @@
+"""DESIGN's layer table, enforced: every import inside the package (module level and inside functions) goes down.
+
+A layer may import the layers its row names and the base modules (``about``, ``log``, ``signals``, the
+package's ``__version__``); anything else is a leak that a reader of the table would not expect.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "src" / "trainscale"
+BASE = {"about", "log", "signals", "__version__"}
+
+# layer -> what it may import (a layer name, or one module of a layer: "sim.collectives").
+ALLOWED: dict[str, set[str]] = {
+    "about": set(), "log": set(), "signals": set(),
+    "config": set(),
+    "reporting": set(),
+    "distributed": {"config"},
+    "models": {"config"},
+    "data": {"config", "distributed", "models"},  # models: import_callable for `module:function` datasets
+    # The strategies' meters and the pipeline's bubble use the planner's pure cost formulas (no torch there).
+    "strategies": {"config", "distributed", "sim.collectives", "sim.step"},
+    "train": {"config", "distributed", "models", "data", "strategies", "reporting"},
+    "jobs": {"config", "distributed", "train.cli", "train.summary", "reporting"},
+    "sim": {"config", "jobs", "reporting", "models", "data"},  # models/data: a job's layout for calibration
+    "ps": {"config", "models", "data", "sim", "reporting", "jobs"},
+    "lab": {"config", "jobs", "reporting", "sim"},
+    "cli": {"*"},
+    "__init__": {"config", "train"},
+    "__main__": {"cli"},
+}
+
+
+def imports_of(path: Path, root: Path = PKG) -> list[tuple[int, str]]:
+    """(line, dotted target inside trainscale) of every trainscale import in the file, at any depth."""
+    rel = path.relative_to(root).with_suffix("").parts
+    here = list(rel[:-1])  # the file's package, as a list of names below trainscale
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                names = [node.module] if node.module else [a.name for a in node.names]
+                out += [(node.lineno, ".".join([*base, n])) for n in names]
+            elif node.module and node.module.split(".")[0] == "trainscale":
+                out.append((node.lineno, node.module.partition(".")[2] or "__init__"))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.partition(".")[2]) for a in node.names if a.name.startswith("trainscale.")]
+    return out
+
+
+def allowed(layer: str, target: str) -> bool:
+    """Whether ``layer`` may import ``target`` (a dotted module below trainscale)."""
+    top = target.split(".")[0]
+    rules = ALLOWED[layer]
+    return (top == layer or top in BASE or "*" in rules or top in rules
+            or any(target == r or target.startswith(r + ".") for r in rules))
+
+
+def violations(root: Path = PKG) -> list[str]:
+    """Every import that goes against the table, as ``file:line: layer -> target``."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        layer = path.relative_to(root).with_suffix("").parts[0]
+        assert layer in ALLOWED, f"{path}: layer {layer!r} is not in the table: add its row"
+        bad += [f"{path.relative_to(root)}:{line}: {layer} -> {target}"
+                for line, target in imports_of(path, root) if not allowed(layer, target)]
+    return bad
+
+
+def test_every_import_follows_the_layer_table():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("line", ["from ..lab.report import figure", "    from ..lab import doctor"])
+def test_a_lab_import_in_sim_is_caught(tmp_path, line):
+    # The same tree with one leak added: the check must name it.
+    import shutil
+    copy = tmp_path / "trainscale"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "sim" / "forecast.py"
+    body = f"def _leak():\n    {line.strip()}\n" if line.startswith(" ") else line + "\n"
+    target.write_text(target.read_text() + "\n" + body)
+    found = violations(copy)
+    assert len(found) == 1 and found[0].startswith("sim/forecast.py:") and "sim -> lab" in found[0]
