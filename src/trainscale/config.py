@@ -187,10 +187,13 @@ class OptimConfig(_Section):
     base_batch: int = _f(32, "global batch at which optim.lr applies (for lr_scaling linear)")
     warmup_steps: int = _f(0, "steps of gradual warmup to the (scaled) rate")
     schedule: Literal["constant", "cosine"] = _f("constant", "decay after warmup")
+    clip_grad_norm: float = _f(0.0, "clip the whole model's gradient norm to this before each optimizer step "
+                               "(unscaled under fp16, as torch.nn.utils.clip_grad_norm_); 0: no clipping")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("lr", 0)
+        self._at_least("clip_grad_norm", 0)
         self._at_least("momentum", 0)
         self._at_least("weight_decay", 0)
         self._at_least("base_batch", 1)

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -53,12 +54,15 @@ class Strategy:
         strategy.end_step()                         # counters; bucket autotune may re-wrap the model
         strategy.finish(); strategy.report(opt, skip=3)
 
-    Pipelined (``strategy.pipeline_stages`` > 1), ``pipeline_step`` replaces forward and backward.
+    Pipelined (``strategy.pipeline_stages`` > 1), ``pipeline_step`` replaces forward and backward; the
+    operations below (data shard, loss sharing, clipping, optimizer state) answer for both layouts, so the
+    run never branches on the layout.
     """
 
     def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], AbstractContextManager],
                  scaler: torch.amp.GradScaler, meter: CommMeter, world: int, overlap: bool):
-        self.model, self.module, self.autocast, self.scaler, self.meter = model, module, autocast, scaler, meter
+        self.model: Any = model  # DDP (or a pipeline stage): its sync flags are set per step
+        self.module, self.autocast, self.scaler, self.meter = module, autocast, scaler, meter
         self.world, self.overlap = world, overlap
         self.amp = False  # mixed precision on: outputs are cast back to float32 for the loss
         self.post_backward: list[list[nn.Parameter]] = []  # overlap off: buckets exchanged after backward
@@ -114,6 +118,50 @@ class Strategy:
                                                 self.world)
         return loss
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether the model is cut into pipeline stages (train it through ``pipeline_step``)."""
+        return self.pipe is not None
+
+    def data_shard(self, rank: int, world: int) -> tuple[int, int]:
+        """(which shard, of how many) of the training data this rank reads: a pipeline's stages share one."""
+        return (self.pipe.replica, self.pipe.replicas) if self.pipe is not None else (rank, world)
+
+    def label_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Add each rank's pipeline stage and replica to the environment table's rows (nothing without a pipeline)."""
+        if self.pipe is not None:
+            for r in rows:
+                r["stage"], r["replica"] = r["rank"] % self.pipe.stages, r["rank"] // self.pipe.stages
+
+    def share_loss(self, t: torch.Tensor) -> torch.Tensor:
+        """Pipelined: the last stage's ``t`` on every stage of the replica (collective); else ``t`` as it is."""
+        return self.pipe.share_loss(t) if self.pipe is not None else t
+
+    def optimizer_state_dict(self, opt: torch.optim.Optimizer, rank: int) -> dict[str, Any]:
+        """The whole model's optimizer state for a one-file checkpoint (ZeRO and pipelines gather it; collective)."""
+        return self.pipe.optimizer_state_dict(opt) if self.pipe is not None else optimizer_state_dict(opt, rank)
+
+    def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale this rank's gradients so that the whole model's gradient norm is at most ``max_norm``.
+
+        Equivalent to ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` on the unsplit model:
+        after the exchange every replica holds the same averaged gradients, so each computes the same norm; a
+        pipeline's stages hold disjoint parameters, so their partial norms are combined over the stage group.
+        Returns the total norm before clipping.
+        """
+        params = self.pipe.own_parameters() if self.pipe is not None else list(self.module.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type)
+        if self.pipe is not None and self.pipe.stages > 1:
+            if norm_type == float("inf"):
+                dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=self.pipe.pp_group)
+            else:
+                norm = norm ** norm_type
+                dist.all_reduce(norm, group=self.pipe.pp_group)
+                norm = norm ** (1.0 / norm_type)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
     def gather_model(self) -> None:
         """Pipelined: every rank's ``module`` gets every stage's current weights (collective); else nothing."""
         if self.pipe is not None:
@@ -135,6 +183,8 @@ class Strategy:
         """After the last step: local SGD's replicas averaged, a pipeline's stages gathered, into one model (collective)."""
         if self.averaging is not None:
             self.averaging.finish()
+        if self.tuner is not None:
+            self.tuner.finish()  # the autotuner's last trial closed, so report() only reads
         self.gather_model()
 
     def calls_per_step(self) -> int:
@@ -151,11 +201,10 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the counters: local SGD's hook and averager go on from the saved step."""
         self.steps = int(state["steps"])
-        inner = getattr(self.hook_state, "inner", None)
-        if hasattr(inner, "start_localSGD_iter"):
-            inner.iter = self.steps
+        if hasattr(self.hook_state, "load_state_dict"):
+            self.hook_state.load_state_dict({"steps": self.steps})
         if self.averaging is not None:
-            self.averaging.averager.step = self.steps
+            self.averaging.load_state_dict({"step": self.steps})
 
     def report(self, opt: torch.optim.Optimizer, skip: int, ablated: bool = False, calls: int | None = None
                ) -> dict[str, Any]:
@@ -199,7 +248,7 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     def rewrap(bucket_mb: float) -> None:
         # DDP cannot change its buckets: a new wrapper (its constructor re-broadcasts rank 0's weights,
         # equal already). The old one must go now: its reducer's autograd hooks leave with it.
-        p.model = None  # type: ignore[assignment]
+        p.model = None
         gc.collect()
         p.model = apply_ddp(model, env, cfg, bucket_mb)
         p.hook_state = hooks.register(p.model) if hooks else None

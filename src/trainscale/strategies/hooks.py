@@ -150,6 +150,11 @@ class CountedState:
     def __init__(self, inner: Any, meter: CommMeter, world: int, subgroup_size: int = 1):
         self.inner, self.meter, self.world, self.subgroup_size = inner, meter, world, subgroup_size
 
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume the wrapped state's iteration counter (post-local SGD switches to local steps by it)."""
+        if hasattr(self.inner, "start_localSGD_iter"):
+            self.inner.iter = int(state["steps"])
+
 
 def counted_powersgd_hook(state: CountedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """PyTorch's ``powerSGD_hook``; bytes from its own element counter (P, Q and the uncompressed tensors)."""

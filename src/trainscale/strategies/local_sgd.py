@@ -49,6 +49,14 @@ class ModelAveraging:
             self.meter.collective("all_reduce", nbytes, self.world)
         a.average_parameters(self.module.parameters())
 
+    def state_dict(self) -> dict[str, int]:
+        """The averager's step counter: a resumed run averages on the same steps as an uninterrupted one."""
+        return {"step": self.averager.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Go on counting from the saved step."""
+        self.averager.step = int(state["step"])
+
     def finish(self) -> None:
         """End of training: note how far the replicas drifted, then average them into the one final model."""
         self.divergence = replica_max_diff(self.module)

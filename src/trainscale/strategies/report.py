@@ -21,8 +21,7 @@ def strategy_summary(p: Strategy, opt: torch.optim.Optimizer, skip: int, ablated
     ``skip``: warm-up steps left out of the averages; ``ablated``: the run had no gradient exchange.
     """
     out: dict[str, Any] = {}
-    if p.tuner is not None:
-        p.tuner.finish()
+    if p.tuner is not None:  # closed by Strategy.finish()
         out["bucket_autotune"] = p.tuner.report()
         out["bucket_mb"] = p.tuner.chosen
     comm = p.meter.summary(skip, ablated)

@@ -5,8 +5,8 @@ Usable from plain Python (``Trainer(cfg, model=my_module).fit()``) and what ``tr
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from collections.abc import Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -18,8 +18,6 @@ from ..distributed import DistEnv
 from ..log import logger
 from ..models import build_model
 from ..models.losses import resolve_loss
-from .checkpoint import CheckpointWriteError, prune
-from .evaluate import evaluate
 from .run import init
 from .schedule import lr_at
 
@@ -34,7 +32,7 @@ def build_optimizer(params: Any, cfg: Config) -> torch.optim.Optimizer:
     o = cfg.optim
     params = list(params)
     fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
-    kw = {"fused": True} if fused else {}
+    kw: dict[str, Any] = {"fused": True} if fused else {}
     if o.name == "adamw":
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, **kw)
     return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, **kw)
@@ -92,9 +90,10 @@ class Trainer:
         loss_fn = resolve_loss(cfg.job.loss)
         model = model.to(run.device)
         opt = build_optimizer(model.parameters(), cfg)
-        model, opt, loader = run.prepare(model, opt, self.training_data(), data_info=self.info)
+        model, prepared, loader = run.prepare(model, opt, self.training_data(), data_info=self.info)
+        opt = prepared or opt  # ZeRO's wrapper when strategy.shard_optimizer
         # A torchrun restart resumes by itself: every attempt after the first continues from the newest checkpoint.
-        resume = self.resume or ("auto" if run.guard.attempt > 0 and cfg.checkpoint.dir else None)
+        resume = self.resume or ("auto" if run.restarts > 0 and cfg.checkpoint.dir else None)
         if resume:
             run.load(cfg.checkpoint.dir if resume == "auto" else resume)
         self.run, self.model = run, model  # the prepared model stays readable after fit()
@@ -102,26 +101,24 @@ class Trainer:
             for group in opt.param_groups:
                 group["lr"] = lr_at(run.step_count, cfg.optim, run.global_batch, cfg.job.steps)
             run.forward_backward(x, y, loss_fn)  # pipelined: every micro-batch through the stages
+            if cfg.optim.clip_grad_norm:
+                run.clip_gradients(cfg.optim.clip_grad_norm)
             if not run.step():
                 continue
             if cfg.job.eval_every and run.step_count % cfg.job.eval_every == 0 and run.step_count < run.total_steps:
                 with run.untimed():
                     self._evaluate()
-            if cfg.checkpoint.dir and cfg.checkpoint.every and run.step_count % cfg.checkpoint.every == 0:
-                with run.untimed():
-                    self._checkpoint()
+            run.checkpoint()  # when checkpoint.every says
         if run.preempted:  # SIGTERM: the checkpoint of this step, then a summary that says so
             if cfg.checkpoint.dir:
-                with run.untimed():
-                    self._checkpoint()
+                run.checkpoint(force=True)
             else:
                 logger.warning("preempted without checkpoint.dir: the steps done so far are lost")
             run.end_training()
         else:
             run.end_training()  # local SGD's replicas averaged: evaluation and the checkpoint see one model
             self._evaluate()
-            if cfg.checkpoint.dir:
-                self._checkpoint(final=True)
+            run.checkpoint(final=True)
         name = cfg.model.name if self.user_model is None else type(self.user_model).__name__
         return run.finish({"model": name, "data": data_name})
 
@@ -131,33 +128,14 @@ class Trainer:
 
     def _evaluate(self) -> tuple[float, float, int]:
         run, cfg = self.run, self.cfg
-        if self.eval_data is None or len(self.eval_data) == 0:
+        if self.eval_data is None or len(cast(Sized, self.eval_data)) == 0:
             return float("nan"), float("nan"), 0
-        if cfg.job.loss != "cross_entropy":  # any loss: the generic exact evaluation
-            return tuple(run.evaluate(self.eval_data, resolve_loss(cfg.job.loss)).values())  # type: ignore[return-value]
-        st = run.strategy
-        st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
-        run.guard.mark("evaluate", run.step_count)
-        batches = eval_batches(self.eval_data, self.info, run.device, cfg.data.batch_size, run.env.rank,
-                               run.env.world_size)
-        run.eval_result = evaluate(st.module, batches, run.device, st.autocast)
-        loss, acc, n = run.eval_result
-        from ..log import logger
-        logger.info(f"eval at step {run.step_count}: loss {loss:.4f}  accuracy {acc:.4f}  ({n} samples)")
-        return run.eval_result
-
-    def _checkpoint(self, final: bool = False) -> None:
-        """Write ``step_N`` (or ``last`` at the end) in the configured format; ``checkpoint.on_error`` on failure."""
-        ck, run = self.cfg.checkpoint, self.run
-        folder = Path(ck.dir)
-        stem = "last" if final else f"step_{run.step_count}"
-        try:
-            run.save(folder / (stem + ".pt" if ck.format == "file" else stem))
-        except CheckpointWriteError as e:
-            if ck.on_error == "stop":
-                raise
-            if run.is_main:
-                logger.warning(f"{e}; training on (checkpoint.on_error = warn)")
-            return
-        if run.is_main and not final:
-            prune(folder, ck.keep)
+        loss_fn = resolve_loss(cfg.job.loss)
+        batches = None
+        if cfg.job.loss == "cross_entropy" and self.info is not None:  # built-in image data: normalised on the device, like training batches
+            batches = eval_batches(self.eval_data, self.info, run.device, cfg.data.batch_size, run.env.rank,
+                                   run.env.world_size)
+        r = run.evaluate(self.eval_data, loss_fn, batches=batches)
+        logger.info(f"eval at step {run.step_count}: loss {r['loss']:.4f}  accuracy {r['accuracy']:.4f}  "
+                    f"({r['samples']} samples)")
+        return r["loss"], r["accuracy"], int(r["samples"])

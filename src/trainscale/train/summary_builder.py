@@ -1,0 +1,130 @@
+"""The summary builder: merges the reports of the strategy, the instruments and the loaders into the run summary.
+
+A component of the run, given what it reads when it is called; it never calls back into the run. Every rank
+calls ``build`` (it gathers per-rank figures); the schema is ``summary.schema.json``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..about import versions
+from ..config import Config, config_to_dict
+from ..data import data_wait_advice
+from ..distributed import DistEnv
+from ..log import logger
+from ..strategies import Strategy
+from .instruments import Instruments, merge_phase_stats, write_trace
+from .instruments.losses import LossWindow
+from .summary import SCHEMA_VERSION, median_spread
+
+__all__ = ["RunRecord", "build_summary"]
+
+
+@dataclass
+class RunRecord:
+    """What the run itself knows at its end: counts, where it resumed, how it ended."""
+
+    steps: int
+    start_step: int
+    global_batch: int
+    shards: int  # how many data shards the replicas read (world size, or a pipeline's replica count)
+    started_at: str
+    restarts: int
+    steps_redone: int
+    preempted: bool
+    eval_result: tuple[float, float, int]
+    out_dir: Path
+    metrics_jsonl: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, losses: LossWindow,
+                  loaders: list[Any], optimizer: torch.optim.Optimizer | None, rec: RunRecord) -> dict[str, Any]:
+    """The run summary (collective: every rank calls it; the schema of ``trainscale train``)."""
+    first_last = st.share_loss(losses.first_last(env.device))  # every stage reports its last stage's loss
+    dist.all_reduce(first_last)  # the loss over the global batch, not rank 0's share
+    first_last /= env.world_size
+    med, spread = median_spread(ins.step_times)
+    total_t = sum(ins.step_times)
+    per_rank: list[Any] = [None] * env.world_size
+    dist.all_gather_object(per_rank, ins.local_stats())  # all-reduce equalises step times; compute shows who is slow
+    loader = loaders[0] if loaders else None
+    wait_frac = (sum(ins.waits) / total_t) if total_t else float("nan")
+    advice = data_wait_advice(wait_frac, cfg.data)
+    if advice and env.is_main and not cfg.ablate.data:
+        logger.warning(advice)
+    a = cfg.ablate
+    eval_loss, eval_acc, eval_n = rec.eval_result
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "versions": versions(), "started_at": rec.started_at,
+        "host": socket.gethostname(), "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
+        "model": type(st.module).__name__, "data": "user",
+        "batch_size": loader.batch_size if loader else cfg.data.batch_size, "grad_accum": cfg.strategy.grad_accum,
+        "global_batch": rec.global_batch, "steps": rec.steps, "measured_steps": len(ins.step_times),
+        "samples_per_s": len(ins.step_times) * rec.global_batch / total_t if total_t else float("nan"),
+        "step_time_s": med, "step_time_spread": spread, "data_wait_frac": wait_frac,
+        **_loader_fields(loader, env, rec.shards),
+        "loss_first": first_last[0].item(), "loss_last": first_last[1].item(),
+        "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
+        "bucket_mb": cfg.strategy.bucket_mb, "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp,
+        "threads": env.threads, "ablate": {"comm": a.comm, "data": a.data, "compute": a.compute},
+        **_rank_fields(per_rank, ins, rec.global_batch),
+        "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
+        "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
+        "restarts": rec.restarts, "steps_redone": rec.steps_redone,
+        "resumed_from_step": rec.start_step, "preempted": rec.preempted,
+        "wall_s": time.perf_counter() - losses.t_loop, "config": config_to_dict(cfg), "loss_curve": losses.curve,
+        "strategy": {k: getattr(cfg.strategy, k) for k in ("hierarchical", "compression", "comm_groups",
+                                                            "local_sgd_period", "local_sgd_warmup", "shard_optimizer")},
+    }
+    timeline = _write_timeline(ins, env, rec)
+    if timeline:
+        out["timeline"] = timeline
+    if rec.metrics_jsonl:
+        out["metrics_jsonl"] = rec.metrics_jsonl
+    if optimizer is not None:
+        out.update(st.report(optimizer, ins.warm, a.comm))
+    out.update(ins.artefacts)
+    out.update(rec.extra)
+    return out
+
+
+def _loader_fields(loader: Any, env: DistEnv, shards: int) -> dict[str, Any]:
+    """The slowest rank's input pipeline bounds the job: its rate x the shards; skipped samples summed (collective)."""
+    rate = torch.tensor([float(loader.samples_per_s) if loader else float("nan")], device=env.device)
+    dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+    skipped = torch.tensor([float(getattr(loader, "skipped", 0))], device=env.device)
+    dist.all_reduce(skipped)
+    return {"data_samples_per_s": rate.item() * shards, "data_skipped": int(skipped.item())}
+
+
+def _rank_fields(per_rank: list[Any], ins: Instruments, global_batch: int) -> dict[str, Any]:
+    """Per-rank compute, step, data wait and CPU, and the paired experiments' phases, from ``local_stats``."""
+    return {
+        "phases": merge_phase_stats([r[4] for r in per_rank], global_batch) if ins.plan else None,
+        "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
+        "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
+        "rank_cpu_s": [r[5] for r in per_rank], "compute_s": per_rank[0][0],
+    }
+
+
+def _write_timeline(ins: Instruments, env: DistEnv, rec: RunRecord) -> str:
+    """Gather every rank's timeline rows; rank 0 writes timeline.json (collective when log.timeline)."""
+    if ins.timeline is None:
+        return ""
+    rows: list[Any] = [None] * env.world_size
+    dist.all_gather_object(rows, ins.timeline_rows())
+    path = rec.out_dir / "timeline.json"
+    if env.is_main:
+        write_trace(path, rows, {"world_size": env.world_size, "backend": env.backend, "started_at": rec.started_at})
+        logger.info(f"timeline of {len(rows[0])} steps x {len(rows)} ranks written to {path} "
+                    "(open it in https://ui.perfetto.dev)")
+    return str(path)
