@@ -18,7 +18,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 __all__ = [
     "ConfigError",
@@ -60,6 +60,8 @@ class _Section:
     """Shared checks; each section calls them from ``__post_init__``."""
 
     _name = ""
+    # Set by @dataclass on every section; declared here so that dataclasses.fields(self) type-checks.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def _fail(self, fld: str, accepted: str) -> None:
         raise ConfigError(f"{self._name}.{fld}", getattr(self, fld), accepted)

@@ -98,11 +98,11 @@ def resized_crop(img: np.ndarray, box: Box, size: int, flip: bool, decoder: str)
     from PIL import Image
     im = Image.fromarray(img)
     if (cw, ch) != (size, size):
-        im = im.resize((size, size), Image.BILINEAR, box=(x, y, x + cw, y + ch))  # crop inside the resize
+        im = im.resize((size, size), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))  # crop inside the resize
     else:
         im = im.crop((x, y, x + cw, y + ch))
     if flip:
-        im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.asarray(im)
 
 

@@ -48,6 +48,7 @@ class SampleDelay(Dataset):
             return
         if self._pid != os.getpid():  # a forked loader worker must open its own file to hold its own lock
             self._fd, self._pid = os.open(self.lock_path, os.O_CREAT | os.O_RDWR, 0o600), os.getpid()
+        assert self._fd is not None  # opened above in this process
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             time.sleep(n * self.delay_s)

@@ -17,8 +17,8 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -31,7 +31,7 @@ from .sampler import BatchKey, EpochBatchSampler, ShardedSampler, eval_indices
 __all__ = ["DeviceNormalize", "ToDevice", "TrainLoader", "Prefetcher", "eval_batches", "batch_len", "move_to"]
 
 
-def _collate(batch: object) -> object:
+def _collate(batch: Any) -> Any:
     if isinstance(batch, tuple) and len(batch) == 2 and torch.is_tensor(batch[0]):
         return batch
     return default_collate(batch)
@@ -254,7 +254,9 @@ class TrainLoader:
     def _start(self, device_stage: bool) -> None:
         self._close_pipe()
         batches = EpochBatchSampler(self.sampler, self.batch_size, self.epoch, self.batch_in_epoch)
-        dl = DataLoader(_KeyedDataset(self.dataset, self.seed, self.collate), batch_sampler=batches, num_workers=self.workers,
+        # DataLoader hands each BatchKey whole to _KeyedDataset.__getitems__; its annotation expects index lists.
+        keys = cast(Iterable[list[Any]], batches)
+        dl = DataLoader(_KeyedDataset(self.dataset, self.seed, self.collate), batch_sampler=keys, num_workers=self.workers,
                         collate_fn=_identity, pin_memory=self.pin, worker_init_fn=_worker_init,
                         prefetch_factor=2 if self.workers else None)
         source = iter(dl)  # workers fork here, in the training thread, never from the prefetch thread

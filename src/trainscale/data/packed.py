@@ -208,7 +208,7 @@ class PackedImages(Dataset):
         if self._verified is None:
             self._verified = np.zeros(len(p), dtype=bool)
         if not self._verified[i]:
-            if zlib.crc32(rec) != p.crc[i]:
+            if zlib.crc32(rec.data) != p.crc[i]:  # .data: the record's bytes, no copy
                 raise PackError(p.path / p.shards[s]["file"], f"record {j} (sample {i}) fails its CRC-32: "
                                                               "the shard was altered")
             self._verified[i] = True

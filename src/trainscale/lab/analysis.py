@@ -106,7 +106,7 @@ def op_excess(prof1: dict[str, Any], profn: dict[str, Any]) -> tuple[list[dict[s
         if acc >= total / 2:
             ratio = r
             break
-    rows = [{"op": n, "s_per_step_1": one.get(n, 0.0), "s_per_step_n": t,
+    rows: list[dict[str, Any]] = [{"op": n, "s_per_step_1": one.get(n, 0.0), "s_per_step_n": t,
              "excess_s": t - ratio * one.get(n, 0.0)} for n, t in many.items()]
     rows.sort(key=lambda r: -r["excess_s"])
     res = [r["excess_s"] for r in rows]

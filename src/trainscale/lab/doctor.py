@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import JustifyMethod
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..config import PHASES, ConfigError, config_to_dict
@@ -111,11 +112,20 @@ def _thread_candidates(current: int, n: int) -> list[int]:
     return sorted({t for t in (1, max(1, c // n), c) if t != current})[:2]
 
 
+def _grow(bar: Progress, task: TaskID, runs: int) -> None:
+    """Add ``runs`` more runs to the bar's total (set when the task was added)."""
+    total = bar.tasks[0].total
+    assert total is not None
+    bar.update(task, total=total + runs)
+
+
 def _table(res: dict[str, Any]) -> Table:
     t = Table(title=f"trainscale doctor: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
                     f"(1 -> {res['nproc']} processes, efficiency {res['efficiency']:.0%})", title_justify="left")
-    for col, j in (("#", "right"), ("cause", "left"), ("ms/step", "right"), ("share", "right"),
-                   ("90% interval ms", "right"), ("verdict", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("cause", "left"), ("ms/step", "right"), ("share", "right"), ("90% interval ms", "right"),
+        ("verdict", "left"))
+    for col, j in columns:
         t.add_column(col, justify=j)
     for i, c in enumerate(res["causes"], 1):
         v = c["seconds_per_step"]
@@ -377,7 +387,7 @@ def main(argv: list[str]) -> int:
             # Sequential repeats: measure on while a cause stays undecided and the budget allows.
             while (any(c["verdict"] in ("undecided", "likely") for c in res["causes"]) and r < 2 * max(2, R)
                    and time.monotonic() - t_start + (time.monotonic() - t_start) / r < budget):
-                bar.update(task, total=bar.tasks[0].total + 2)
+                _grow(bar, task, 2)
                 one_repeat(r)
                 r += 1
                 res = analysed()
@@ -388,7 +398,7 @@ def main(argv: list[str]) -> int:
             if not args.quick and any(c["significant"] for c in res["causes"] if c["name"] in compute_kinds):
                 current = runs[("base", n)][0].get("threads") or 1
                 cands = _thread_candidates(current, n)
-                bar.update(task, total=bar.tasks[0].total + 2 * R + 2 + len(cands) * R)
+                _grow(bar, task, 2 * R + 2 + len(cands) * R)
                 for r in range(R):
                     # Seed 000's sleep test: the N-process run sleeps the durations calibrated at 1 process, so an
                     # operator that is slow only at N stays compute, and what remains is the framework's own cost.
@@ -408,7 +418,7 @@ def main(argv: list[str]) -> int:
             doc.update(res)
             doc["result"] = True
             if args.apply:
-                bar.update(task, total=bar.tasks[0].total + 2 * R)
+                _grow(bar, task, 2 * R)
                 doc["apply"] = _apply(lab, res, runs, n, R, phased)
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}

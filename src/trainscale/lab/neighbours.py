@@ -91,7 +91,7 @@ class LoadMonitor:
     def report(self) -> dict[str, Any]:
         """``{"cores": outside load in cores, "machine_cores": N, "top": [{pid, name, cores}], "gpu_users": [...]}``."""
         wall = max(1e-9, (self.t1 or time.monotonic()) - self.t0)
-        rows = [{"pid": pid, "name": name, "cores": (self._last.get(pid, first) - first) / wall}
+        rows: list[dict[str, Any]] = [{"pid": pid, "name": name, "cores": (self._last.get(pid, first) - first) / wall}
                 for pid, (first, name) in self._first.items()]
         rows = sorted((r for r in rows if r["cores"] >= self.min_cores), key=lambda r: -r["cores"])
         from .common import cores

@@ -49,7 +49,7 @@ def pipeline_causes(runs: dict[str, list[dict[str, Any]]], cfg: Config, min_shar
     base = _steps(runs, "base")
     p0 = runs["base"][0]["pipeline"]
     t0 = statistics.median(base)
-    causes = []
+    causes: list[dict[str, Any]] = []
     for name, exp, flag in (("pipeline_bubble", "more_microbatches", "strategy.microbatches"),
                             ("stage_imbalance", "split_auto", "strategy.split")):
         other = _steps(runs, exp)

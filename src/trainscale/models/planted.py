@@ -28,13 +28,13 @@ class _Sleep(torch.autograd.Function):
     """Identity whose forward sleeps ``s`` seconds and whose backward sleeps ``BACKWARD_FACTOR`` x that."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, s: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, s: float) -> torch.Tensor:
         ctx.s = s
         time.sleep(s)
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         time.sleep(ctx.s * BACKWARD_FACTOR)
         return grad, None
 

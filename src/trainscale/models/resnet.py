@@ -8,6 +8,7 @@ tiny CPU runs keep their spatial size.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,8 +81,8 @@ def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
 class ResNet(nn.Module):
     """Stem, four stages of blocks, global pool, linear classifier."""
 
-    def __init__(self, block: type, layers: list[int], in_shape: tuple[int, ...], num_classes: int,
-                 width: int, **block_kw: object):
+    def __init__(self, block: type[BasicBlock | Bottleneck], layers: list[int], in_shape: tuple[int, ...],
+                 num_classes: int, width: int, **block_kw: Any):
         super().__init__()
         cin, size = in_shape[0], in_shape[-1]
         if size >= 64:
@@ -106,7 +107,7 @@ class ResNet(nn.Module):
 
     def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
         """Where a pipeline may cut, in forward order: the stem, every block, the pooled classifier."""
-        blocks = [(f"stages.{i}.{j}", b) for i, stage in enumerate(self.stages) for j, b in enumerate(stage)]
+        blocks = [(f"stages.{i}.{j}", b) for i, stage in enumerate(self.stages) for j, b in stage.named_children()]
         return [("stem", self.stem), *blocks, ("head", _PooledHead(self))]
 
 
@@ -125,7 +126,7 @@ def _pool_classify(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-def _variant(name: str, block: type, layers: list[int], **block_kw: object) -> None:
+def _variant(name: str, block: type[BasicBlock | Bottleneck], layers: list[int], **block_kw: Any) -> None:
     @register(name)
     def build(in_shape: tuple[int, ...], num_classes: int, width: int = 0, depth: int = 0) -> nn.Module:
         return ResNet(block, layers, in_shape, num_classes, width or 64, **block_kw)

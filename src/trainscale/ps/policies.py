@@ -126,7 +126,7 @@ class Policy:
         if work is None:
             return []
         self.buffer.append(Gradient(work.learner, work.version, ticket))
-        if len(self.buffer) >= self.k:
+        if len(self.buffer) >= self._k:
             return self._update()
         if self.by_batch:
             # K-batch: the learner keeps going at once, on the parameters the server has now.
@@ -159,15 +159,21 @@ class Policy:
         self.alive.discard(learner)
         if self.mode == "sync":
             self.k = max(1, len(self.alive))
-        if self.k > len(self.alive) and not self.by_batch:
+        if self._k > len(self.alive) and not self.by_batch:
             raise RuntimeError(f"mode {self.mode} needs K = {self.k} learners but only {len(self.alive)} are left")
         if not self.alive:
             raise RuntimeError("no learner is left")
-        if len(self.buffer) >= self.k:
+        if len(self.buffer) >= self._k:
             return self._update()
         return []
 
     # ------------------------------------------------------------------------------------------ helpers
+
+    @property
+    def _k(self) -> int:
+        """K as a number: ``__post_init__`` resolves "auto"."""
+        assert isinstance(self.k, int)
+        return self.k
 
     def in_flight(self) -> dict[int, tuple[int, int]]:
         """``ticket -> (learner, version)`` of the work in flight."""
@@ -184,7 +190,7 @@ class Policy:
         return Launch(learner, self.version, ticket)
 
     def _update(self) -> list[Action]:
-        grads, self.buffer = tuple(self.buffer[: self.k]), self.buffer[self.k:]
+        grads, self.buffer = tuple(self.buffer[: self._k]), self.buffer[self._k:]
         staleness = tuple(self.version - g.version for g in grads)
         self.version += 1
         actions: list[Action] = [Apply(self.version, grads, staleness)]

@@ -24,7 +24,7 @@ def _group(runs: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> 
     return out
 
 
-def _iv(rows: list[dict[str, Any]], field: str) -> dict[str, float | int]:
+def _iv(rows: list[dict[str, Any]], field: str) -> dict[str, float | int | None]:
     return mean_interval(r[field] for r in rows).to_json()
 
 

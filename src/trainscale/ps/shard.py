@@ -27,10 +27,12 @@ class ServerShard:
         self.id, self.path = shard_id, snapshot_path
         self.params: np.ndarray | None = None
         self.accum: np.ndarray | None = None
-        self.version, self.restored_from = 0, None
+        self.version = 0
+        self.restored_from: int | None = None  # the version the latest restart restored
         self.history: dict[int, np.ndarray] = {}
         self.opts: dict[str, Any] = {}
         self.stale_sum, self.stale_count, self.stale_max = 0, 0, 0
+        self._step: np.ndarray | None = None  # apply's scratch buffer, the size of the slice
         if os.path.exists(self.path):
             self._restore()
 
@@ -49,7 +51,7 @@ class ServerShard:
     def _snapshot(self) -> None:
         # Write then rename, so a crash mid-write leaves the previous snapshot intact.
         tmp = f"{self.path}.tmp.npz"
-        np.savez(tmp, params=self.params, accum=self.accum if self.accum is not None else np.zeros(0, np.float32),
+        np.savez(tmp, params=self._ready(), accum=self.accum if self.accum is not None else np.zeros(0, np.float32),
                  state=np.array([self.version, self.stale_sum, self.stale_count, self.stale_max], dtype=np.int64),
                  opts=np.array(repr(self.opts)))
         os.replace(tmp, self.path)
@@ -70,8 +72,8 @@ class ServerShard:
                 "stale_sum": self.stale_sum, "stale_count": self.stale_count, "stale_max": self.stale_max}
         return meta
 
-    def actor_id(self) -> str:
-        """Ray's id of this actor (a learner's task that failed on this shard's result names it)."""
+    def actor_id(self) -> str | None:
+        """Ray's id of this actor (a learner's task that failed on this shard's result names it); None outside one."""
         import ray
 
         return ray.get_runtime_context().get_actor_id()
@@ -84,50 +86,50 @@ class ServerShard:
 
     def get(self) -> tuple[dict[str, Any], np.ndarray]:
         """(meta, parameters); call with ``num_returns=2`` so the parameters travel as their own object."""
-        self._ready()
-        return self._meta(), self.params
+        params = self._ready()
+        return self._meta(), params
 
     def sqdist(self, versions: list[int]) -> list[float]:
         """``||w_now - w_v||^2`` of this slice for each version (the oldest kept one if ``v`` was pruned)."""
-        self._ready()
+        params = self._ready()
         out = []
         for v in versions:
             old = self.history.get(v)
             if old is None:
-                old = self.history[min(self.history)] if self.history else self.params
-            d = self.params - old
+                old = self.history[min(self.history)] if self.history else params
+            d = params - old
             out.append(float(np.dot(d, d)))
         return out
 
     def apply(self, version: int, coefs: list[float], keep_from: int, *grads: np.ndarray) -> tuple[dict, np.ndarray]:
         """SGD step ``w -= sum_i coefs[i] * grads[i]``; the result is version ``version``. Returns (meta, w)."""
         t_start = time.perf_counter()
-        self._ready()
+        params = self._ready()  # self.params itself: updated in place
         if len(coefs) != len(grads):
             raise ValueError(f"{len(coefs)} coefficients for {len(grads)} gradients")
-        step = self._scratch()
+        step = self._scratch(params)
         for c, g in zip(coefs, grads):
             np.multiply(g, np.float32(c), out=step)  # into a kept buffer: no temporary of the slice's size
-            self.params -= step
+            params -= step
         self.version = version
         if self.opts.get("keep_history"):
-            self.history[version] = self.params.copy()
+            self.history[version] = params.copy()
             for v in [v for v in self.history if v < keep_from]:
                 del self.history[v]
         if version % int(self.opts.get("snapshot_every", 50)) == 0:
             self._snapshot()
         meta = self._meta()
         meta["t_start"], meta["t_end"] = t_start, time.perf_counter()
-        return meta, self.params
+        return meta, params
 
-    def _scratch(self) -> np.ndarray:
-        if getattr(self, "_step", None) is None or self._step.shape != self.params.shape:
-            self._step = np.empty_like(self.params)
+    def _scratch(self, params: np.ndarray) -> np.ndarray:
+        if self._step is None or self._step.shape != params.shape:
+            self._step = np.empty_like(params)
         return self._step
 
     def push(self, grad: np.ndarray, version: int) -> int:
         """Downpour: apply one learner's gradient at once with Adagrad; returns the new version."""
-        self._ready()
+        params = self._ready()  # self.params itself: updated in place
         staleness = max(0, self.version - version)
         self.stale_sum, self.stale_count = self.stale_sum + staleness, self.stale_count + 1
         self.stale_max = max(self.stale_max, staleness)
@@ -135,11 +137,11 @@ class ServerShard:
         if self.opts.get("lr_rule") == "staleness":
             lr /= max(1, staleness)
         if self.accum is None:
-            self.params -= np.float32(lr) * grad
+            params -= np.float32(lr) * grad
         else:
             # Adagrad per parameter, on this shard alone: no shard ever waits for another (seed 002).
             self.accum += grad * grad
-            self.params -= np.float32(lr) * grad / (np.sqrt(self.accum) + np.float32(self.opts.get("eps", 1e-8)))
+            params -= np.float32(lr) * grad / (np.sqrt(self.accum) + np.float32(self.opts.get("eps", 1e-8)))
         self.version += 1
         if self.version % int(self.opts.get("snapshot_every", 50)) == 0:
             self._snapshot()
@@ -149,6 +151,8 @@ class ServerShard:
         """Process id (tests kill it)."""
         return os.getpid()
 
-    def _ready(self) -> None:
+    def _ready(self) -> np.ndarray:
+        """The parameters, or a clear error before the first ``reset``."""
         if self.params is None:
             raise RuntimeError(f"server shard {self.id} has no parameters: reset() was never called")
+        return self.params

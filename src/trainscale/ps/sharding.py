@@ -57,15 +57,15 @@ class Layout:
 
 def balance(shapes: Sequence[Sequence[int]], shards: int) -> Layout:
     """Greedy largest-first partition of tensors onto ``shards`` shards; every shard gets a tensor."""
-    shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-    if shards > len(shapes):
-        raise ConfigError("ps.shards", shards, f"at most the model's {len(shapes)} parameter tensors")
+    dims = tuple(tuple(int(d) for d in s) for s in shapes)
+    if shards > len(dims):
+        raise ConfigError("ps.shards", shards, f"at most the model's {len(dims)} parameter tensors")
     load = [0] * shards
     owned: list[list[int]] = [[] for _ in range(shards)]
-    order = sorted(range(len(shapes)), key=lambda t: (-math.prod(shapes[t]), t))
+    order = sorted(range(len(dims)), key=lambda t: (-math.prod(dims[t]), t))
     for i, t in enumerate(order):
         # The first `shards` tensors seed one shard each so none is left empty.
         s = i if i < shards else min(range(shards), key=lambda j: (load[j], j))
         owned[s].append(t)
-        load[s] += math.prod(shapes[t])
-    return Layout(shapes, tuple(tuple(sorted(o)) for o in owned))
+        load[s] += math.prod(dims[t])
+    return Layout(dims, tuple(tuple(sorted(o)) for o in owned))

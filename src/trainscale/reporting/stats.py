@@ -40,13 +40,13 @@ class Interval:
             return f"{self.mean * scale:.{digits}f}"
         return f"{self.mean * scale:.{digits}f} ± {self.se * scale:.{digits}f}"
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | None]:
         """The fields as a dict; null for what too few values cannot give (strict JSON has no NaN)."""
         return {k: v if isinstance(v, int) or math.isfinite(v) else None
                 for k, v in (("mean", self.mean), ("se", self.se), ("lo", self.lo), ("hi", self.hi), ("n", self.n))}
 
 
-def mean_interval(xs: Iterable[float]) -> Interval:
+def mean_interval(xs: Iterable[float | None]) -> Interval:
     """Mean, standard error and 95% t-interval of the finite values.
 
     Example::
@@ -64,13 +64,13 @@ def mean_interval(xs: Iterable[float]) -> Interval:
     return Interval(m, se, m - half, m + half, len(vals))
 
 
-def median(xs: Iterable[float]) -> float:
+def median(xs: Iterable[float | None]) -> float:
     """Median of the finite values (nan when there are none)."""
     vals = [x for x in xs if x is not None and math.isfinite(x)]
     return statistics.median(vals) if vals else float("nan")
 
 
-def rel_spread(xs: Iterable[float]) -> float:
+def rel_spread(xs: Iterable[float | None]) -> float:
     """(max - min) / median across repeats: 0 for a single value."""
     vals = [x for x in xs if x is not None and math.isfinite(x)]
     if len(vals) < 2:

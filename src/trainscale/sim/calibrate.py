@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..about import available_cores
-from ..config import config_to_dict
+from ..config import ConfigError, config_to_dict
 from .calibration import Calibration, fit_alpha_beta, job_key
 
 __all__ = ["calibrate", "model_layout"]
@@ -48,6 +48,9 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
 
     cfg = check_train_args(train_args)
     _, _, info = build_datasets(cfg.data)
+    if info is None:  # a user's data set without its DataInfo: the shapes below would be guesses
+        raise ConfigError("data.name", cfg.data.name, "a data set that returns its DataInfo (in_shape, num_classes) "
+                          "to be calibrated")
     model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
     params = [p for p in model.parameters() if p.requires_grad]
     # Backward produces gradients roughly in reverse registration order (DDP buckets them that way too).

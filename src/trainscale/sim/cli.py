@@ -279,10 +279,12 @@ def main(argv: list[str]) -> int:
         cluster = Cluster.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
         worlds = _worlds(a)
         job = _job_from_args(a, cal, assumptions)
-        assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{cluster.intra.name} "
-                            f"{cluster.intra.gbs:g} GB/s, {cluster.intra.hw_lat_us} us/hop",
-                            "inter": f"{cluster.inter.name} {cluster.inter.gbs:g} GB/s x {cluster.net_efficiency} "
-                            f"efficiency, {cluster.inter.hw_lat_us} us/hop",
+        intra, inter = cluster.intra, cluster.inter
+        assert intra is not None and inter is not None  # from_catalog sets both links
+        assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{intra.name} "
+                            f"{intra.gbs:g} GB/s, {intra.hw_lat_us} us/hop",
+                            "inter": f"{inter.name} {inter.gbs:g} GB/s x {cluster.net_efficiency} "
+                            f"efficiency, {inter.hw_lat_us} us/hop",
                             "backward_share": f"{job.backward_share:.2f} of compute (backward ~ 2x forward)",
                             "batch_size": job.batch_size})
         if topo is not None:

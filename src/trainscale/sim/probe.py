@@ -139,18 +139,18 @@ def main(argv: list[str] | None = None) -> None:
                  "allreduce_cpu": []}
     for n in (int(s) for s in a.sizes.split(",")):
         blocking, queued, cpu = _time_allreduce(n, a.budget)
-        cpus = [None] * world
+        cpus: list[float] = [0.0] * world  # all_gather_object fills every entry
         dist.all_gather_object(cpus, cpu)
         out["allreduce"].append([n, blocking])
         out["allreduce_queued"].append([n, queued])
         out["allreduce_cpu"].append([n, statistics.median(cpus)])
     # Every rank's CPU share while all P spin: the host's sharing right now, other programs included.
-    shares = [None] * world
+    shares: list[float] = [0.0] * world  # all_gather_object fills every entry
     dist.all_gather_object(shares, _spin_share(a.spin))
     out["share"] = statistics.median(shares)
     if a.skeleton:
         steps = _skeleton(json.loads(a.skeleton), a.skeleton_steps, a.skeleton_budget)
-        medians = [None] * world
+        medians: list[float] = [0.0] * world  # all_gather_object fills every entry
         dist.all_gather_object(medians, statistics.median(steps))
         # Synchronised ranks: the job's step is its slowest rank's.
         out["skeleton"] = {"step_s": max(medians), "rank_step_s": medians, "steps": len(steps)}

@@ -109,7 +109,7 @@ def _chain(state: HierState, work: dist.Work, then: Callable[[], torch.Tensor]) 
             work.wait()
             out.set_result(then())
         except Exception as e:  # reaches DDP's wait in backward, which raises it on the training thread
-            out.set_exception(e)
+            out.set_exception(e)  # type: ignore[arg-type]  # torch annotates the exception as the result type T
 
     state.waiter.submit(finish)
     return out
@@ -247,10 +247,10 @@ class CommHooks:
             ddp.register_comm_hook(state, counted_post_local_sgd_hook)
             return state
         if cfg.compression == "powersgd":
-            inner = powerSGD_hook.PowerSGDState(
+            power = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
                 start_powerSGD_iter=cfg.powersgd_warmup)
-            state = CountedState(inner, meter, world)
+            state = CountedState(power, meter, world)
             ddp.register_comm_hook(state, counted_powersgd_hook)
             return state
         if not (cfg.hierarchical or cfg.comm_groups > 1 or cfg.compression != "none"):

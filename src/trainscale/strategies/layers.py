@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -66,12 +66,19 @@ def _group(named: list[tuple[str, nn.Module]]) -> list[Layer]:
     return [Layer(n, nn.Sequential(*ms)) for n, ms in groups]
 
 
+class _Layered(Protocol):
+    """A model that says where a pipeline may cut it (as ``models.resnet`` does)."""
+
+    def pipeline_layers(self) -> list[tuple[str, nn.Module]]: ...
+
+
 def pipeline_layers(model: nn.Module, names: list[str] | None = None) -> list[Layer]:
     """The model's layers in forward order; ``names``: submodules whose sequential composition is its forward."""
     if names:
         named = [(n, model.get_submodule(n)) for n in names]
     elif hasattr(model, "pipeline_layers"):
-        named = list(model.pipeline_layers())
+        # nn.Module types unknown attributes as Tensor | Module; this one is the model's own method.
+        named = list(cast(_Layered, model).pipeline_layers())
     elif isinstance(model, nn.Sequential):
         named = _flatten(model, "")
     else:

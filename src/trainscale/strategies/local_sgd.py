@@ -61,7 +61,9 @@ class ModelAveraging:
         """End of training: note how far the replicas drifted, then average them into the one final model."""
         self.divergence = replica_max_diff(self.module)
         if self.divergence:
-            average_parameters(iter(list(self.module.parameters())), dist.group.WORLD)
+            world = dist.group.WORLD
+            assert world is not None  # the process group is up until the run closes
+            average_parameters(iter(list(self.module.parameters())), world)
 
 
 def apply_local_sgd(module: nn.Module, world: int, cfg: StrategyConfig, meter: CommMeter) -> ModelAveraging | None:

@@ -242,4 +242,5 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
             return EXIT_PREEMPTED
         return 0
 
-    return run()
+    code = run()
+    return 0 if code is None else code  # record turns a SystemExit(0) inside run into None

@@ -63,7 +63,7 @@ class ComputeClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.t0, self.spent = 0.0, 0.0
-        self.times: list[float] = []
+        self.times: list[Any] = []  # seconds per step; on CUDA each step's (start, end) events instead
         self._pending: list[tuple[Any, Any]] = []  # CUDA (start, end) events resolved at the end
         self._start_ev: Any = None
 
@@ -296,7 +296,7 @@ class SleepCompute:
             if not recs:
                 logger.debug(f"sleep test: {name or type(m).__name__} kept (no tensor output seen)")
                 continue
-            m.forward = types.MethodType(_sleeping_forward(recs, sleeper), m)  # type: ignore[method-assign]
+            m.forward = types.MethodType(_sleeping_forward(recs, sleeper), m)
             replaced += 1
         self.installed = True
         logger.info(f"sleep test: {replaced}/{len(self.leaves)} leaf modules replaced by sleeps "
