@@ -36,8 +36,8 @@ class CheckpointWriteError(ConfigError):
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states, as tensors and plain values (loadable with weights_only)."""
-    np_state = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+    np_state: tuple[Any, ...] = np.random.get_state()  # type: ignore[assignment]  # the legacy tuple form (legacy=True)
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
              "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -107,7 +107,11 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], rank: int, world: i
         needed = state_bytes(full) + 64 * 1024  # pickled structure and zip headers on top of the tensors
         try:
             check_free_space(path.parent, needed)
-            atomic_write_bytes(path, lambda f: (torch.save(full, f), during and during()))
+            def write(f: Any) -> None:
+                torch.save(full, f)
+                if during is not None:
+                    during()  # the watchdog's beat between the write and the rename
+            atomic_write_bytes(path, write)
             publish_latest(path)
         except OSError as e:
             err = write_error(path, e, needed)

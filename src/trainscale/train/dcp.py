@@ -10,7 +10,6 @@ partition by name (DCP's resharding) and the RNG of its rank where one was saved
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +77,11 @@ def build_state(module: nn.Module, opt: torch.optim.Optimizer | None, meta: dict
 
 
 def dcp_save(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, meta: dict[str, Any], rank: int,
-             group: Any = None, asynchronous: bool = False) -> Future | None:
+             group: Any = None, asynchronous: bool = False) -> Any:
     """Collective: write this rank's shard of the checkpoint folder ``path`` (``.metadata`` last, by the coordinator).
 
     ``asynchronous``: the state is staged in host memory, then written by a background thread; the
-    returned future completes when the folder is complete on this rank.
+    returned future (``async_save``'s) completes when the folder is complete on this rank; None when synchronous.
     """
     state = build_state(module, opt, meta, rank)
     if asynchronous:
@@ -96,9 +95,14 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads(_read_tensors(path, ["meta"])["meta"].numpy().tobytes().decode())
 
 
+def _empty_like_saved(meta: Any) -> torch.Tensor:
+    """An empty tensor of a saved entry's shape and dtype (every entry trainscale writes is a tensor)."""
+    return torch.empty(meta.size, dtype=meta.properties.dtype)
+
+
 def _read_tensors(path: Path, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
     md = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    out = {k: torch.empty(md[k].size, dtype=md[k].properties.dtype) for k in (md if keys is None else keys) if k in md}
+    out = {k: _empty_like_saved(md[k]) for k in (md if keys is None else keys) if k in md}
     dcp.load(out, checkpoint_id=str(path), no_dist=True)
     return out
 
@@ -125,7 +129,7 @@ def dcp_load(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, r
             for p in g["params"]:
                 mine[names[id(p)]] = p
         want += [k for k in md if k.startswith("optim/") and k.split("/")[1] in mine]
-    state = {k: torch.empty(md[k].size, dtype=md[k].properties.dtype) for k in want}
+    state = {k: _empty_like_saved(md[k]) for k in want}
     kw = {"no_dist": True} if not (dist.is_available() and dist.is_initialized()) else {"process_group": group}
     dcp.load(state, checkpoint_id=str(path), **kw)
     module.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})
@@ -136,6 +140,7 @@ def dcp_load(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, r
             if k.startswith("optim/"):
                 _, name, key = k.split("/", 2)
                 local.state[mine[name]][key] = v.to(mine[name].device) if v.dim() else v
+        assert opt is not None  # local is opt's own (or its ZeRO shard's) optimizer
         for g, saved in zip(opt.param_groups, meta.get("param_groups", [])):
             g.update(saved)
         if local is not opt:
