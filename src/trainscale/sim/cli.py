@@ -33,6 +33,10 @@ examples:
       --gpus-per-node 8 --world-size 1,4,8 --topo topo.txt --measured 4:3.15,8:4.79
   trainscale plan --model vgg16 --samples-per-s-1 154 --batch-size 64 --gpu P100 --gpus-per-node 4 \\
       --nodes 1,128 --intra pcie3 --inter 25gbe --bucket-mb 64 --compare
+  trainscale plan --params 25.6e6 --inter 50gbe --gpus-per-node 8 --intra nvlink1 --gpu P100 \\
+      --samples-per-s-1 230 --batch-size 32 --nodes 1,32                 # Goyal et al. 2017's cluster
+  trainscale plan --params 8.03B --gpu name=H200,bf16=989T,mem=4.8TB/s --precision bf16 --samples-per-s-1 1.3 \\
+      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --framework-overhead fitted
 """
 
 
