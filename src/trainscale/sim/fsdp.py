@@ -17,8 +17,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 __all__ = ["FsdpUnit", "FsdpTimes", "fsdp_step", "transformer_units"]
 

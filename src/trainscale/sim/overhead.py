@@ -16,8 +16,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from ..config import ConfigError
 from .forecast import Point

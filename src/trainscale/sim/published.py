@@ -13,8 +13,9 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from .fsdp import fsdp_step, transformer_units
 from .overhead import fit_overhead, fitted_overhead, precision_class
