@@ -33,6 +33,10 @@ examples:
       --gpus-per-node 8 --world-size 1,4,8 --topo topo.txt --measured 4:3.15,8:4.79
   trainscale plan --model vgg16 --samples-per-s-1 154 --batch-size 64 --gpu P100 --gpus-per-node 4 \\
       --nodes 1,128 --intra pcie3 --inter 25gbe --bucket-mb 64 --compare
+  trainscale plan --params 25.6e6 --inter 50gbe --gpus-per-node 8 --intra nvlink1 --gpu P100 \\
+      --samples-per-s-1 230 --batch-size 32 --nodes 1,32                 # Goyal et al. 2017's cluster
+  trainscale plan --params 8.03B --gpu name=H200,bf16=989T,mem=4.8TB/s --precision bf16 --samples-per-s-1 1.3 \\
+      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --framework-overhead fitted
 """
 
 
@@ -59,21 +63,30 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG)
     a = p.add_argument
     a("--calibration", metavar="FILE", help="calibration JSON written by `trainscale plan calibrate`")
-    a("--gpu", help="target GPU from the catalogue (P40, P100, V100, A100, H100); none: this calibrated machine")
-    a("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
+    a("--gpu", help="target GPU from the catalogue (P40, P100, V100, A100, H100), or one given by its datasheet as "
+                    "key=value pairs: name=H200,bf16=989T,fp8=1979T,mem=4.8TB/s (a peak per precision or flops=, and "
+                    "mem=); none: this calibrated machine")
+    a("--gpus-per-node", default="8", help="devices per node (default 8)")
     a("--nodes", default="1,2,4,8", help="node counts to forecast, comma-separated (default 1,2,4,8)")
     a("--world-size", help="device counts instead of --nodes: each at most --gpus-per-node or a multiple of it")
     a("--nproc", default="1,2,4", help="processes on this machine, for a forecast of the calibrated machine itself")
     a("--interference", action="store_true", help="with train options: " + INTERFERENCE_HELP)
-    a("--intra", default="pcie3", help="link between devices of a node (pcie3/4/5, nvlink1-4; default pcie3)")
-    a("--inter", default="25gbe", help="link between nodes (10/25/100/200/400gbe, ib-edr/hdr/ndr; default 25gbe)")
+    a("--intra", default="pcie3", help="link between devices of a node (pcie3/4/5, nvlink1-4; default pcie3), or its "
+                                       "rate per direction, e.g. 64GB/s (5.7 us per hop unless given: 64GB/s@3us)")
+    a("--inter", default="25gbe", help="link between nodes (10/25/100/200/400gbe, ib-edr/hdr/ndr; default 25gbe), or "
+                                       "the node's rate: 50gbe, 50gbps, 3200Gb/s, 12.5GB/s (b: bits, B: bytes; 14 us per "
+                                       "hop unless given: 50gbps@20us)")
     a("--topo", metavar="FILE", help="`nvidia-smi topo -m` output of one node: the ring's slowest hop sets --intra")
-    a("--samples-per-s-1", type=float, help="measured one-device throughput (instead of the FLOP estimate)")
-    a("--params", type=int, help="parameters of a model not in the registry or catalogue")
-    a("--batch-size", type=int, help="samples per device per step")
+    a("--samples-per-s-1", help="measured one-device throughput (instead of the FLOP estimate), e.g. 230 or 1.2k")
+    a("--params", help="parameters of a model not in the registry or catalogue: 25600000, 25_600_000, 25.6e6 or 25.6M")
+    a("--batch-size", help="samples per device per step")
     a("--model", help="catalogue model (inception_v3, resnet101, vgg16, se_resnext152) for --params, or a train model")
     a("--precision", default="fp32", help="peak used by the FLOP estimate (fp32, tf32, fp16, bf16)")
     a("--mfu", type=float, default=0.4, help="share of peak FLOP/s the job reaches (FLOP estimate only; default 0.4)")
+    a("--framework-overhead", default="0", metavar="KAPPA",
+      help="with --gpu: add KAPPA x the 1-device step to every step at more than one device, what frameworks lose "
+           "beyond communication; 'fitted': the catalogue's constant for --precision's class, fitted on published "
+           "tables (docs/plan.md, held-out check); default 0")
     a("--measured", help="measured speed-ups W:S,... (e.g. 4:3.15,8:4.79) or a bench.json: says whether the "
                          "forecast explains them")
     a("--json", metavar="PATH", help="write the forecast as JSON ({points: [...], assumptions: {...}})")
@@ -94,6 +107,24 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--microbatches", type=int, default=8)
     g.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V")
     return p
+
+
+def _numbers(a: argparse.Namespace) -> None:
+    """Counts and rates as users write them (``25.6e6``, ``25_600_000``, ``25.6M``), checked before anything runs."""
+    from .units import parse_count, parse_number
+
+    a.gpus_per_node = parse_count(a.gpus_per_node, "--gpus-per-node")
+    if a.params is not None:
+        a.params = parse_count(a.params, "--params")
+    if a.batch_size is not None:
+        a.batch_size = parse_count(a.batch_size, "--batch-size")
+    if a.samples_per_s_1 is not None:
+        a.samples_per_s_1 = parse_number(a.samples_per_s_1, "--samples-per-s-1")
+    if a.framework_overhead != "fitted":
+        a.framework_overhead = parse_number(a.framework_overhead, "--framework-overhead",
+                                            "a share of the 1-device step >= 0 (e.g. 0.05), or fitted")
+        if a.framework_overhead < 0:
+            raise ConfigError("--framework-overhead", a.framework_overhead, "must be >= 0, or fitted")
 
 
 def _strategy(a: argparse.Namespace) -> Any:
@@ -176,6 +207,18 @@ def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any])
                tensor_costs=costs, buffer_bytes=cal.buffer_bytes if cal else 0.0)
 
 
+def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any, assumptions: dict[str, Any]) -> list[Any]:
+    """The points with ``--framework-overhead`` added (a catalogue forecast only: a calibration measures it)."""
+    from .overhead import fitted_overhead, precision_class, with_overhead
+
+    kappa = fitted_overhead(a.precision) if a.framework_overhead == "fitted" else float(a.framework_overhead)
+    if kappa:
+        how = (f"fitted for {precision_class(a.precision)} precision (catalog.json)" if a.framework_overhead == "fitted"
+               else "given")
+        assumptions["framework_overhead"] = f"{kappa:g} x the 1-device step added at P > 1 ({how})"
+    return with_overhead(points, job.step_s, kappa)
+
+
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> list[tuple[int, list[tuple[str, float, float]]]]:
     """Rank strategies per world size by samples/s."""
     from .forecast import forecast
@@ -243,6 +286,7 @@ def main(argv: list[str]) -> int:
     from .verdict import NOT_MODELLED, gaps
 
     a, rest = _parser().parse_known_args(argv)
+    _numbers(a)
     strategy = _strategy(a)
     measured = _measured(a.measured)
     cal = None
@@ -308,6 +352,8 @@ def main(argv: list[str]) -> int:
                             "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
         title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
     points = forecast(job, cluster, strategy, worlds)
+    if a.gpu:
+        points = _with_framework_overhead(a, points, job, assumptions)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
     notes = gaps(points, measured)
     compare = _compare(job, cluster, strategy, worlds) if a.compare else None

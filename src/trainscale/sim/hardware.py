@@ -4,6 +4,8 @@ Example::
 
     gpu("V100").peak("fp32")   # 15.7e12 FLOP/s
     link("25gbe").bytes_per_s  # 3.125e9
+    link("50gbe").bytes_per_s  # 6.25e9: a rate the catalogue does not name (sim/units.py)
+    gpu("name=H200,bf16=989T,mem=4.8TB/s").peak("bf16")
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 
 from ..config import ConfigError
 
-__all__ = ["Gpu", "Link", "catalog", "gpu", "link", "known_model", "gpu_names", "link_names"]
+__all__ = ["Gpu", "Link", "catalog", "gpu", "link", "known_model", "gpu_names", "link_names", "gpu_from_spec",
+           "link_from_rate"]
 
 CATALOG = Path(__file__).with_name("catalog.json")
 
@@ -26,7 +29,7 @@ class Gpu:
     """One accelerator of the catalogue."""
 
     name: str
-    tflops: dict[str, float | None]  # dense peak per precision (fp32, tf32, fp16, bf16), TFLOP/s
+    tflops: dict[str, float | None]  # dense peak per precision (fp32, tf32, fp16, bf16, fp8), TFLOP/s
     mem_gbs: float                   # memory bandwidth, GB/s
     source: str
 
@@ -80,10 +83,15 @@ def gpu(name: str, key: str = "--gpu") -> Gpu:
     """The GPU called ``name`` (case-insensitive); an unknown one is one line naming those known."""
     table = catalog()["gpus"]
     match = {k.lower(): k for k in table}.get(str(name).lower())
+    if match is None and "=" in str(name):
+        return gpu_from_spec(str(name), key)
     if match is None:
-        raise ConfigError(key, name, "unknown GPU; one of " + ", ".join(table))
+        from .units import GPU_SPEC_HELP
+
+        raise ConfigError(key, name, "unknown GPU; one of " + ", ".join(table) + "; or " + GPU_SPEC_HELP)
     e = table[match]
-    return Gpu(match, {p: e.get(p) for p in ("fp32", "tf32", "fp16", "bf16")}, float(e["mem_gbs"]), e["source"])
+    return Gpu(match, {p: e.get(p) for p in ("fp32", "tf32", "fp16", "bf16", "fp8")}, float(e["mem_gbs"]),
+               e["source"])
 
 
 def link(name: str, key: str = "--intra") -> Link:
@@ -91,7 +99,7 @@ def link(name: str, key: str = "--intra") -> Link:
     table = catalog()["links"]
     match = {k.lower(): k for k in table}.get(str(name).lower())
     if match is None:
-        raise ConfigError(key, name, "unknown link; one of " + ", ".join(table))
+        return link_from_rate(str(name), key)
     e = table[match]
     return Link(match, float(e["gbs"]), float(e["hw_lat_us"]), e["class"], e["source"])
 
@@ -99,3 +107,31 @@ def link(name: str, key: str = "--intra") -> Link:
 def known_model(name: str) -> dict[str, Any] | None:
     """Catalogue entry (params, tail share) of a published model, or None."""
     return catalog()["models"].get(name)
+
+
+# NCCL's per-hop latency (tuning.cc hwLat, Ring/Simple) for a link given only by its rate.
+RATE_LATENCY_US = {"--inter": 14.0, "--intra": 5.7}
+
+
+def link_from_rate(text: str, key: str = "--intra") -> Link:
+    """A link given by its rate (``50gbe``, ``12.5GB/s@5us``); neither a rate nor a catalogue name is one line."""
+    from .units import RATE_HELP, parse_rate
+
+    try:
+        rate, latency = parse_rate(text, key)
+    except ConfigError as e:
+        if e.accepted != RATE_HELP:  # a rate, but a bad one (negative, a bad latency): say exactly that
+            raise
+        raise ConfigError(key, text, "unknown link; one of " + ", ".join(catalog()["links"]) + "; or " + RATE_HELP) \
+            from None
+    hop_us = latency * 1e6 if latency is not None else RATE_LATENCY_US.get(key, 14.0)
+    kind = "net" if key == "--inter" else "pci"
+    return Link(text, rate / 1e9, hop_us, kind, f"given as {text} ({rate / 1e9:g} GB/s, {hop_us:g} us per hop)")
+
+
+def gpu_from_spec(text: str, key: str = "--gpu") -> Gpu:
+    """A GPU outside the catalogue, from its peaks and memory bandwidth (sim/units.py ``parse_gpu_spec``)."""
+    from .units import parse_gpu_spec
+
+    name, peaks, mem = parse_gpu_spec(text, key)
+    return Gpu(name, {p: v / 1e12 for p, v in peaks.items()}, mem / 1e9, f"given as {text}")
