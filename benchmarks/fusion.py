@@ -2,7 +2,7 @@
 
 Output contract: the last stdout line is one json object.
 
-2 processes on Gloo, resnet50 at width 4 (161 gradient tensors, as in seed 004's Paddle log), the
+2 processes on Gloo, resnet50 at width 4 (161 gradient tensors, as in a PaddlePaddle launcher log), the
 two settings alternated --repeat times in the same run. Last line: one JSON object.
 """
 

@@ -8,7 +8,7 @@ dominate), batch 32, GPipe and 1F1B. The measured bubble is each stage's idle sh
 schedule's wall time (1 - its compute / step), averaged over the stages; the theory is
 (S - 1) / (M + S - 1) from ``trainscale.sim.step.pipeline_bubble``. Writes a table (markdown), the
 numbers (JSON) and a plot into --out.
-Run: python benchmarks/pipeline_bubble.py [--us 8000 --out docs/pipeline]
+Run: python benchmarks/pipeline_bubble.py [--us 8000 --out benchmarks/results/raw/pipeline]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--us", type=int, default=8000, help="planted forward microseconds per sample per layer")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--out", default="docs/pipeline")
+    ap.add_argument("--out", default="benchmarks/results/raw/pipeline")
     a = ap.parse_args()
     # 1F1B needs at least as many micro-batches as stages: its row starts at M = 2.
     cases = [(f"{s}_m{m}", job("balanced", a.us, 32, a.steps, *pipe(2, m, s))) for m in MICRO for s in SCHEDULES

@@ -9,7 +9,7 @@ the whole run kept busy, read from /proc: on a machine whose cores are all busy,
 throughput, whatever the design. Writes ``<out>/scaling.md``, ``scaling.json`` and ``scaling.png``; the
 last line of stdout is one JSON object.
 
-    python benchmarks/ps_scaling.py [--out docs/ps-scaling] [--repeats 3] [--updates 150] [--delay none]
+    python benchmarks/ps_scaling.py [--out benchmarks/results/raw/ps-scaling] [--repeats 3] [--updates 150] [--delay none]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def plot(cells: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="docs/ps-scaling")
+    ap.add_argument("--out", default="benchmarks/results/raw/ps-scaling")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--updates", type=int, default=150)
     ap.add_argument("--width", type=int, default=512)

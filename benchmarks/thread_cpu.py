@@ -3,7 +3,7 @@
 Runs the command, samples every descendant process's threads at two instants, prints each thread's share of a
 core between them and its context switches per second (voluntary: it slept; non-voluntary: it was preempted);
 the last line is the same as one JSON object. The exit status is the command's.
-docs/plan.md uses it to split mlp's CPU per step at P ranks into the main thread and Gloo's threads::
+benchmarks/results/2026-11-24-plan-accuracy.md uses it to split mlp's CPU per step at P ranks into the main thread and Gloo's threads::
 
     python benchmarks/thread_cpu.py 6 14 -- trainscale train --nproc 4 --model mlp --data digits --steps 2000
 

@@ -374,7 +374,7 @@ class AblateConfig(_Section):
                 "ablate.calibrate_steps calibration steps of the same run (the framework, collectives remain)")
     calibrate_steps: int = _f(5, "steps timed per module before compute is replaced by sleeps (not measured)")
     sleep_times: str = _f("", "sleep_times.json of an earlier sleep test: sleep those durations instead of calibrating "
-                              "here, so that runs at 1 and N processes sleep alike (seed 000 used one op time)")
+                              "here, so that runs at 1 and N processes sleep alike (the original sleep test used one mean operator time)")
 
     phases: str = _f(
         "", "paired experiments in one run, e.g. 'base,no_data,no_comm': blocks of ablate.phase_steps steps cycle "
@@ -406,7 +406,7 @@ class PsConfig(_Section):
 
     _name = "ps"
     mode: Literal["sync", "k-sync", "k-batch-sync", "async", "k-async", "k-batch-async", "downpour"] = _f(
-        "sync", "synchronisation policy (seed 002; Dutta et al. 2018)")
+        "sync", "synchronisation policy (Dutta et al. 2018)")
     learners: int = _f(2, "learner actors P")
     k: Literal["auto"] | int = _f("auto", "K for the k-* modes, 1 <= K <= P; auto: P // 2")
     shards: int = _f(1, "parameter-server shards, parameters split across them balanced by size")

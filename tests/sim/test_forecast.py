@@ -108,7 +108,7 @@ def test_calibration_from_another_job(tmp_path):
 
 
 def test_horovod_setting_within_ten_points():
-    """The published Horovod benchmark (docs/plan.md lists every assumption)."""
+    """The published Horovod benchmark (benchmarks/results/2026-11-23-plan-published-checks.md lists every assumption)."""
     from trainscale.sim.hardware import known_model
     from trainscale.sim.step import profile_tensors
 

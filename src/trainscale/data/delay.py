@@ -3,7 +3,7 @@
 ``data.sample_delay_ms`` makes every training sample cost that long to read. With scope ``node``
 the machine has one simulated disk: reads of all its processes (and their loader workers) queue for
 it, so the data time per step grows with the processes per node, as with one real slow disk
-(seed 001). With scope ``process`` each process has its own disk (latency without contention).
+(data reading as the bottleneck). With scope ``process`` each process has its own disk (latency without contention).
 """
 
 from __future__ import annotations

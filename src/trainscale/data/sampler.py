@@ -69,7 +69,7 @@ class EpochBatchSampler:
     """This rank's batches of every epoch, one epoch after the other, forever.
 
     One DataLoader iterates this for the whole run, so its workers start once and keep producing
-    across epoch boundaries (no respawn, no refilling of the prefetch queue each epoch: seed 003's
+    across epoch boundaries (no respawn, no refilling of the prefetch queue each epoch: PaddlePaddle's infinite reader's
     "infinite reader"). Each batch carries its epoch, so workers can draw per-epoch augmentation.
     The last batch of an epoch is short when this rank's shard does not divide by the batch size.
     """

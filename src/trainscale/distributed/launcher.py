@@ -101,7 +101,7 @@ def launch(spec: LaunchSpec) -> None:
 
     spec.validate()
     threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(spec.nproc_per_node)
-    # torchrun would otherwise force OMP_NUM_THREADS=1 on every rank (seed 004's num_threads question).
+    # torchrun would otherwise force OMP_NUM_THREADS=1 on every rank (the num_threads question of PaddlePaddle's tuning guide).
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if spec.print_table and spec.node_rank == 0:
         os.environ["TRAINSCALE_TABLE_PRINTED"] = "1"  # the ranks need not print it again

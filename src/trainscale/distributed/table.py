@@ -1,4 +1,4 @@
-"""The distributed-environment table printed once per job (as PaddlePaddle's launcher does, seed 004)."""
+"""The distributed-environment table printed once per job (as PaddlePaddle's launcher does)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ L = T_base(N) - T_base(1) splits exactly (the terms telescope) into
     input         = [T_base - T_no_data](N) - [same](1)
     communication = [T_no_data - T_no_comm](N) - [same](1)  -> exchange + sync_wait
     compute       = [T_no_comm - T_sleep](N) - [same](1)   -> straggler + slow_operator + compute_interference
-    framework     = T_sleep(N) - T_sleep(1)                (seed 000's sleep test)
+    framework     = T_sleep(N) - T_sleep(1)                (the sleep test)
 
 Synchronous ranks also wait each step for whichever of them is slowest that step (step-to-step jitter: the mean
 of the per-step maximum of the ranks' compute minus the slowest rank's mean, ``stats.sync_wait``); that part of

@@ -2,7 +2,7 @@
 
 For each world size it runs ``trainscale train --nproc N [your options] --json ...`` ``--repeat`` times and
 reports samples/s, speed-up, scaling efficiency = throughput(N) / (N x throughput(1)) with its range over
-pairings of repeats, the scaling overhead per iteration (T_N - T_1 at the same per-device batch, seed 002:
+pairings of repeats, the scaling overhead per iteration (T_N - T_1 at the same per-device batch, as scaling overhead is usually defined:
 everything that grows with processes, not communication alone), data-wait fraction, medians and spreads,
 a per-rank chart and a timeline of one run at the largest size. The report opens with a verdict and the
 ``trainscale doctor`` command to run next. Weak scaling (fixed per-device batch) by default;

@@ -4,7 +4,7 @@ It runs your job (``trainscale train`` with your options) at 1 and N processes. 
 blocks of steps that remove one more part of the step (``--ablate.phases base,no_data,no_comm``), so the
 phases are paired measurements under the run's own conditions. It splits the scaling loss T_N - T_1 (same
 per-device batch) into causes: communication, sync_wait (waiting for each step's slowest rank), input,
-compute_interference, framework_overhead (seed 000's sleep test), slow_operator (per-operator profiles at 1 and N),
+compute_interference, framework_overhead (the sleep test: operators replaced by sleeps of their time), slow_operator (per-operator profiles at 1 and N),
 straggler (per-rank compute times), threads and external_load.
 A cause is significant only when every repeat shows it above its measured noise. ``--apply`` re-runs with the
 top suggestion and measures the gain.

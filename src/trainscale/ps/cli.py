@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trainscale ps", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Parameter-server training on Ray: server shards, learners, and the synchronisation policies "
-                    "of seed 002.",
+                    "of Dutta et al. (AISTATS 2018).",
         epilog=EPILOG.format(fields=describe_fields(("ps", "model", "data", "job", "log"))))
     p.add_argument("--config", metavar="FILE", help="TOML file with [section] tables")
     p.add_argument("--mode", help="synchronisation policy (ps.mode)")

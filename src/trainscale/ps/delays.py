@@ -3,7 +3,7 @@
 Specs (seconds)::
 
     none                    no added delay
-    exp:MEAN                an exponential delay with mean MEAN (the model of seed 002's theorem)
+    exp:MEAN                an exponential delay with mean MEAN (the model of Dutta et al.'s runtime theorem, AISTATS 2018)
     shifted-exp:SHIFT,MEAN  SHIFT plus an exponential delay with mean MEAN
     slow:RANK,FACTOR        learner RANK takes FACTOR times its measured compute time; the others none
 

@@ -1,4 +1,4 @@
-"""``trainscale ps experiment runtime|convergence``: seed 002's pictures, measured on this machine.
+"""``trainscale ps experiment runtime|convergence``: the parameter-server modes' runtime and convergence claims (Dutta et al. 2018), measured on this machine.
 
 * runtime: mean time per update of each mode under exponential delays, against the order-statistics
   predictions of :mod:`trainscale.sim.order_stats`, for several P; the sync/async ratio against P * H_P; and the bytes per
@@ -34,7 +34,7 @@ CONVERGENCE_RUNS = (("sync", "constant"), ("k-sync", "constant"), ("async", "con
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainscale ps experiment",
-                                description="Measure seed 002's parameter-server claims and write a report.")
+                                description="Measure the parameter-server modes' runtime and convergence claims and write a report.")
     p.add_argument("kind", choices=("runtime", "convergence"))
     p.add_argument("--out", default="", help="report folder (default: ps-<kind>)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell, run as --job.seed 0..N-1 (default 3)")
@@ -162,7 +162,7 @@ _SMALL = ["--model.width", "64"]  # delays dominate; a small model keeps 8 learn
 
 def convergence_experiment(out: Path, overrides: list[str], learners: int, mean: float, seconds: float,
                            actors: Any = None, seeds: Sequence[int] = (0, 1, 2), command: str = "") -> dict[str, Any]:
-    """Eval error against time and updates for the modes of seed 002's picture, once per seed; write the report.
+    """Eval error against time and updates for the parameter-server modes, once per seed; write the report.
 
     Example::
 

@@ -1,7 +1,7 @@
 """A learner: a model replica and a shard of the data that turns parameters into gradients (a Ray actor).
 
 The actor is threaded (plain methods, ``max_concurrency`` > 1), not asynchronous: an asyncio actor costs
-about 0.6 ms more CPU per call in Ray (measured in ``docs/ps-performance.md``), more than a small model's
+about 0.8-0.9 ms more CPU per call in Ray (measured in ``benchmarks/results/2026-11-23-ps-performance.md``), more than a small model's
 whole mini-batch. The extra threads serve the small control calls while a mini-batch runs:
 :meth:`interrupt` ends a mini-batch's injected delay at once (what the coordinator's cancel does;
 ``ray.cancel`` cannot interrupt a running task of a threaded actor), and :meth:`stop` ends Downpour's loop.

@@ -3,9 +3,9 @@
 An update averages the gradients ``g_i`` it takes: ``w <- w - sum_i c_i g_i`` with ``c_i = lr_i / n``.
 
 * ``constant``: ``lr_i = lr``.
-* ``staleness`` (Zhang et al. 2016, seed 002): ``lr_i = lr / max(1, staleness_i)``; a fresh gradient
+* ``staleness`` (Zhang et al. 2016): ``lr_i = lr / max(1, staleness_i)``; a fresh gradient
   (staleness 0) keeps the base rate.
-* ``distance`` (seed 002): ``lr_i = min(C / ||w_now - w_used_i||^2, lr_max)``, one rate for every
+* ``distance`` (a distance-aware rate, as in staleness-aware async SGD): ``lr_i = min(C / ||w_now - w_used_i||^2, lr_max)``, one rate for every
   parameter, where ``w_used_i`` are the parameters gradient i was computed on; distance 0 gives lr_max.
 """
 

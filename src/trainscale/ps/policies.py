@@ -3,7 +3,7 @@
 A policy is told what happens (a learner's gradient arrived, a learner was lost, a learner came back)
 and answers with what to do, in order: ``Apply`` an update made of some gradients, ``Cancel`` unfinished
 work, ``Launch`` a learner on the current parameters. The Ray coordinator executes the actions; the unit
-tests script the arrivals. Definitions follow seed 002 and Dutta et al. (AISTATS 2018):
+tests script the arrivals. Definitions follow Dutta et al. (AISTATS 2018):
 
 ===============  ===========  ====================  =============================================
 mode             waits for    at the update         a learner that has pushed

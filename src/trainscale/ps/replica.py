@@ -4,7 +4,7 @@ A shard's slice is its tensors concatenated in model order (:class:`~.sharding.L
 replica's tensors laid out the same way, taking new parameters is one copy per shard and handing out
 the gradient is no copy at all: backward accumulates straight into the per-shard gradient buffers (as
 DDP's ``gradient_as_bucket_view`` does), and those buffers are returned as numpy arrays for Ray to
-serialise. Measured against per-tensor copies, join and split in ``docs/ps-performance.md``.
+serialise. Measured against per-tensor copies, join and split in ``benchmarks/results/2026-11-23-ps-performance.md``.
 
 Example::
 

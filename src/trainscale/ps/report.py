@@ -134,7 +134,7 @@ def write_runtime(out: Path, runs: list[dict[str, Any]], settings: dict[str, Any
     blocks: list[Block] = [
         ("pre", settings["command"]),
         ("p", f"Mini-batch times are the learners' (tiny) compute plus an exponential delay with mean "
-              f"{mean * 1e3:.0f} ms (--ps.delay exp:MEAN), so the order statistics of seed 002 should describe them. "
+              f"{mean * 1e3:.0f} ms (--ps.delay exp:MEAN), so the order statistics of Dutta et al. (AISTATS 2018) should describe them. "
               "Predictions: sync H_P·mean, k-sync and k-async (H_P − H_{P−K})·mean, async mean/P, k-batch modes "
               f"K·mean/P; K = P/2. Each cell ran with {n} seeds (--job.seed {', '.join(map(str, settings['seeds']))}: "
               "delays, data order, initial model), all cells of one seed before the next seed, so a slow spell of "
@@ -301,7 +301,7 @@ def write_convergence(out: Path, runs: list[dict[str, Any]], settings: dict[str,
               f"{settings['seconds']:g} s of wall-clock per run, the same base learning rate everywhere, {n} seeds "
               f"per run (--job.seed {', '.join(map(str, settings['seeds']))}), every run of one seed before the "
               "next seed; eval error on digits' 297 held-out images every 5 updates. The staleness rule divides "
-              "the rate of each gradient by its staleness (seed 002, Zhang et al. 2016). Values: mean ± standard "
+              "the rate of each gradient by its staleness (Zhang et al. 2016). Values: mean ± standard "
               "error over the seeds; the floor's 95% Student-t interval beside it."),
         ("table", ["run", "K", "updates", "mean staleness", *(f"s to error {t}" for t in TARGETS),
                    "floor (last quarter)", "floor 95% interval", "final error"], rows),

@@ -139,7 +139,7 @@ class ServerShard:
         if self.accum is None:
             params -= np.float32(lr) * grad
         else:
-            # Adagrad per parameter, on this shard alone: no shard ever waits for another (seed 002).
+            # Adagrad per parameter, on this shard alone: no shard ever waits for another (Downpour SGD, Dean et al. 2012).
             self.accum += grad * grad
             params -= np.float32(lr) * grad / (np.sqrt(self.accum) + np.float32(self.opts.get("eps", 1e-8)))
         self.version += 1

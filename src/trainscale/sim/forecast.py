@@ -151,7 +151,7 @@ class Cluster:
 
 
 def topo_link(topo: Topology, nominal: Link) -> Link:
-    """The intra-node link as seed 000's matrix allows: the ring's slowest class (NV# = # bonded NVLinks)."""
+    """The intra-node link as the topology matrix allows: the ring's slowest class (NV# = # bonded NVLinks)."""
     cls = topo.ring_bottleneck()
     classes = catalog()["topo_classes"]
     if cls.startswith("NV"):
@@ -219,7 +219,7 @@ class Point:
     comm_total_s: float     # all communication of the step, hidden or not
     bubble_s: float         # pipeline idle time
     straggler_s: float      # expected wait for the slowest of P ranks
-    comm_overhead_s: float  # step time at P minus the 1-device step (seed 002's definition)
+    comm_overhead_s: float  # step time at P minus the 1-device step (the usual definition of communication overhead)
     bound: str              # what bounds the step: compute, communication, bubble, straggler, input, server
     strategy: str = ""
     model_step_s: float = 0.0  # the cost model's step before anchoring on a measured skeleton (0: not anchored)
@@ -306,7 +306,7 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
 
 def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, busy_s: float,
               sigma: float) -> Point:
-    """A parameter-server mode: learner times shift + Exp(sigma) (seed 002's model), the server's link a bound."""
+    """A parameter-server mode: learner times shift + Exp(sigma) (Dutta et al. 2018's model), the server's link a bound."""
     k = s.ps_k or max(1, world // 2)
     if s.ps_mode not in PS_MODES:
         raise ConfigError("--ps-mode", s.ps_mode, "one of " + ", ".join(PS_MODES))

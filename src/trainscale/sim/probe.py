@@ -32,7 +32,7 @@ def _time_allreduce(nbytes: int, budget_s: float) -> tuple[float, float, float]:
 
     Blocking: the median of single calls started together after a barrier. Queued: a burst of asynchronous
     calls on separate tensors, waited at the end, as DDP issues its buckets during backward (kept for the
-    record: on a time-shared host it was not cheaper per call, docs/plan.md). CPU: this process's CPU seconds
+    record: on a time-shared host it was not cheaper per call, benchmarks/results/2026-11-24-plan-accuracy.md). CPU: this process's CPU seconds
     (all threads, Gloo's included) per queued call: on a CPU host that work competes with compute.
     """
     t = torch.ones(max(1, nbytes // 4))

@@ -84,7 +84,7 @@ def exposed_comm(buckets: Sequence[float], ready: Sequence[float], time_of: Call
     """(exposed seconds after backward, total seconds of communication) for buckets all-reduced in order.
 
     With overlap a bucket starts when it is ready and the previous one is done; only the tail past the end
-    of backward is exposed (seed 002). Without overlap everything runs after backward.
+    of backward is exposed (all-reduce overlapped with backprop). Without overlap everything runs after backward.
     """
     total = sum(time_of(b) for b in buckets)
     if not overlap:

@@ -4,7 +4,7 @@ and the groups for hierarchical all-reduce.
 Example::
 
     topo = parse_topo(Path("topo.txt").read_text())
-    topo.ring_bottleneck()   # 'PXB' on seed 000's 8 x P40
+    topo.ring_bottleneck()   # 'PXB' on an 8 x P40 server
     topo.groups()            # [[0, 1, 2, 3], [4, 5, 6, 7]]
 """
 

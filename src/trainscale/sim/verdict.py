@@ -11,10 +11,10 @@ from .forecast import Point
 
 __all__ = ["NOT_MODELLED", "gaps", "PLANNER_ERROR"]
 
-# The planner's own error measured on this kind of machine (benchmarks/plan_accuracy.py, docs/plan.md).
+# The planner's own error measured on this kind of machine (benchmarks/plan_accuracy.py, benchmarks/results/2026-11-24-plan-accuracy.md).
 PLANNER_ERROR = 0.15
 
-NOT_MODELLED = ("an operator that slows down only on many devices", "host scheduling overhead (seed 000's "
+NOT_MODELLED = ("an operator that slows down only on many devices", "host scheduling overhead (an operator scheduler's "
                 "op scheduler, Python launch cost)", "memory-bandwidth contention between devices of a node",
                 "network congestion from other jobs", "data loading beyond the given input rate")
 

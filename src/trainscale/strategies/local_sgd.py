@@ -1,4 +1,4 @@
-"""Local SGD (seed 003): each rank steps alone after a synchronous warm-up, parameters averaged every H steps.
+"""Local SGD (Lin et al. 2020; PaddlePaddle's localsgd): each rank steps alone after a synchronous warm-up, parameters averaged every H steps.
 
 Built on PyTorch's post-local SGD: ``post_localSGD_hook`` (registered by ``CommHooks``) all-reduces
 gradients during the warm-up and stops after it (or keeps all-reducing inside each node when

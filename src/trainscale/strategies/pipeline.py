@@ -1,6 +1,6 @@
 """Pipeline and hybrid data x pipeline parallelism on ``torch.distributed.pipelining``.
 
-The world is a 2-D mesh of replicas x stages (seed 001's layout): rank ``r`` runs stage ``r % S`` of
+The world is a 2-D mesh of replicas x stages (DDP over replicas of model-parallel stages): rank ``r`` runs stage ``r % S`` of
 replica ``r // S``, so with 4 processes x 2 stages ranks 0 and 2 hold the first half and synchronise it
 with DDP among themselves, ranks 1 and 3 the second. The schedules (GPipe, 1F1B, interleaved 1F1B,
 zero-bubble V) are PyTorch's; this module only cuts the model, builds the stages and measures them.

@@ -4,7 +4,7 @@
 which is *before* DDP's reducer waits for its all-reduces (its callback is queued later than ours),
 so a rank that waits for a straggler does not look slow itself.
 
-``SleepCompute`` is seed 000's decisive experiment: every leaf module's forward and backward are
+``SleepCompute`` is the sleep test, the decisive experiment of a scaling investigation: every leaf module's forward and backward are
 timed for a few calibration steps, then replaced by sleeps of those durations. Gradients still flow
 (zeros, of the right shapes), so DDP's hooks, buckets and all-reduces, the launcher and the loop
 remain; only the compute, and the contention it causes, disappears.
