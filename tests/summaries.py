@@ -1,4 +1,5 @@
-"""Every run summary the suite writes is checked against the shipped JSON Schema, with a strict parser."""
+"""Every run summary the suite writes is checked against the shipped JSON Schema, with a strict parser; every
+doctor result it writes is checked against the doctor's accounting rules (``trainscale.lab.invariants``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ def check_summary_file(path: Path) -> dict[str, Any] | None:
     return doc
 
 
+def check_doctor_file(path: Path) -> None:
+    """A doctor result (``doctor.json`` with ``result``) must keep the accounting rules; anything else passes."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except ValueError:
+        return
+    if isinstance(doc, dict) and doc.get("result") and doc.get("kind") != "pipeline":
+        from trainscale.lab.invariants import violations
+        bad = violations(doc)
+        assert not bad, f"{path}: the doctor's accounting rules are broken: {bad}"
+
+
 def check_tree(folder: Path) -> int:
     """Check every ``*.json`` under ``folder``; returns how many run summaries were validated."""
+    for p in Path(folder).rglob("doctor.json"):
+        check_doctor_file(p)
     return sum(check_summary_file(p) is not None for p in Path(folder).rglob("*.json") if p.is_file())

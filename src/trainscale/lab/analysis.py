@@ -38,9 +38,12 @@ import statistics
 from typing import Any
 
 from ..config import PHASES
+from .bottleneck import bottleneck
+from .invariants import explain_rest, violations, widen_to_point
 from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
 
-__all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load"]
+__all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load",
+           "cpu_contention"]
 
 CONFIGS: dict[str, list[str]] = {
     "base": [],
@@ -49,7 +52,7 @@ CONFIGS: dict[str, list[str]] = {
     "sleep": ["--ablate.data", "true", "--ablate.comm", "true", "--ablate.compute", "sleep"],
 }
 CAUSES = ("communication", "sync_wait", "input", "compute_interference", "framework_overhead", "slow_operator",
-          "straggler", "threads", "external_load")
+          "straggler", "threads", "external_load", "cpu_contention")
 # Profiler rows that are communication or bookkeeping, not a model's operator.
 COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
             "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
@@ -226,12 +229,19 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
             "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
             f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
             f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
-    external_load(causes, ctx, n, base_n, runs[("base", 1)][0], cn)
+    measured = cpu_contention(causes, {**ctx, "threads": base_n.get("threads")}, n, runs[("base", 1)][:R],
+                              runs[("base", n)][:R], se, loss)
+    if not measured:  # no run-queue accounting in these runs: the time-sharing model is the last resort
+        external_load(causes, ctx, n, base_n, runs[("base", 1)][0], cn)
     return causes, {"loss": loss, "loss_noise": loss_noise, "loss_low": loss_low, "t1": t1, "tn": tn, "R": R}
 
 
 # Causes measured inside the phased runs: their intervals come from resampling those runs' cycles.
-BOOTSTRAPPED = ("input", "communication", "sync_wait", "straggler", "compute_interference", "external_load")
+BOOTSTRAPPED = ("input", "communication", "sync_wait", "straggler", "compute_interference", "external_load",
+                "cpu_contention")
+# Causes a measured CPU wait hides in, in the order it is taken out of them: a descheduled rank keeps the others
+# waiting inside the collective first, then looks like a jittery or slow rank, then like slower compute.
+CONTENDED = ("communication", "sync_wait", "straggler", "compute_interference")
 
 
 def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, min_step_share: float = 0.05,
@@ -269,6 +279,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, mi
         else:  # runs without phases (sleep test, thread counts, profiles): the normal-theory bound
             pp = 1.0 if c["low_s"] > 0 else 0.5
             c.update(interval_s=[c["low_s"], v + c["noise_s"]], p_positive=None, method="spread")
+        widen_to_point(c)
         c["verdict"] = verdict(v, c["low_s"], pp, floor)
         if c["verdict"] == "clear" and any(x <= 0 for x in c["per_repeat_s"] if math.isfinite(x)):
             c["verdict"] = "likely"  # clear needs every repeat to show it: separate runs differ in placement
@@ -276,13 +287,17 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, mi
     confounded_by_load(causes)
     rank = {"clear": 0, "likely": 1, "undecided": 2, "no": 3}
     causes.sort(key=lambda c: (rank[c["verdict"]], -(c["share"] if math.isfinite(c["share"]) else -1e9)))
-    return {"scaling_loss_s": loss, "scaling_loss_noise_s": tot["loss_noise"], "scaling_loss_significant": real_loss,
+    result = {"scaling_loss_s": loss, "scaling_loss_noise_s": tot["loss_noise"], "scaling_loss_significant": real_loss,
             "step_time_1_s": tot["t1"], "step_time_n_s": tn, "nproc": n,
             "efficiency": median(s["samples_per_s"] for s in runs[("base", n)]) /
             (n * median(s["samples_per_s"] for s in runs[("base", 1)])), "repeats": tot["R"], "causes": causes,
             "statistics": {"method": "bootstrap over whole cycles of phases" if boot else "normal-theory spread",
                            "replicates": replicates if boot else 0, "level": 0.90,
-                           "outlier_steps": outlier_count(runs)}}
+                           "outlier_steps": outlier_count(runs)},
+              "bottleneck": bottleneck(runs[("base", n)], runs.get(("base", 1), []), n, ctx)}
+    explain_rest(result)
+    result["invariants"] = violations(result)
+    return result
 
 
 def confounded_by_load(causes: list[dict[str, Any]]) -> None:
@@ -342,6 +357,7 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
                 f"{f:.2f}x; it took {statistics.median(stretch):.0%} of the compute's time at {n}, and that share of "
                 f"the exchange and the waits: {value * 1e3:.2f} ms/step ({split})")
     causes.append({**ci, "name": "external_load", "seconds_per_step": value, "per_repeat_s": total,
+                   "moved_from": [{"cause": k, "s": statistics.median(v)} for k, v in taken.items()],
                    "share": value / ci["seconds_per_step"] * ci["share"] if ci["seconds_per_step"] else float("nan"),
                    "evidence": evidence, "processes": ext.get("top", [])[:5], "apply_flags": {},
                    "suggestion": "pin the job's processes to cores of their own (taskset -c / numactl --physcpubind), "
@@ -352,7 +368,89 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
         old = c["seconds_per_step"]
         c.update(seconds_per_step=statistics.median(rest) if rest else 0.0, per_repeat_s=rest)
         c["share"] = c["seconds_per_step"] / old * c["share"] if old else 0.0
+        c.setdefault("moved_to", []).append({"cause": "external_load", "s": statistics.median(part)})
         c["evidence"] += (f" ({statistics.median(part) * 1e3:.2f} ms/step of it counted under external_load"
                           + ("" if name == "compute_interference" else
                              f"; measured while outside processes took {used:.2f} of {cores} cores, which also "
                              "delays the collectives: a rank the neighbour deschedules keeps the others waiting") + ")")
+
+
+def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_1: list[dict[str, Any]],
+                   base_n: list[dict[str, Any]], se: dict[tuple[str, int], list[float]], loss: float) -> bool:
+    """Measured CPU contention: the step's critical run-queue wait at N minus at 1, taken out of where it hid.
+
+    Each rank's main thread reports how long it was runnable but not running (schedstat); a synchronous step
+    waits for its most descheduled rank (``stats.critical_runq``). What that wait grew by from 1 to N processes
+    is this cause. It is taken out of the causes it inflated (``CONTENDED``, in that order, never below zero) and
+    each move is written in both rows. Who took the CPU: the processes outside the job that the load monitor saw,
+    else the job's own threads when processes x threads + loader workers exceed the cores. Returns False (and
+    adds nothing) when the runs have no run-queue column.
+    """
+    r1 = [p.get("runq_crit_s", float("nan")) for p in base_1]
+    rn = [p.get("runq_crit_s", float("nan")) for p in base_n]
+    if not r1 or len(r1) != len(rn) or not all(math.isfinite(v) for v in r1 + rn):
+        return False
+    per_repeat = [b - a for a, b in zip(r1, rn)]
+    by = {c["name"]: c for c in causes}
+    moved: dict[str, list[float]] = {}
+    for i, v in enumerate(per_repeat):
+        left = max(0.0, v)
+        for name in CONTENDED:
+            c = by.get(name)
+            if c is None or i >= len(c["per_repeat_s"]):
+                continue
+            take = min(left, max(0.0, c["per_repeat_s"][i]))
+            moved.setdefault(name, [0.0] * len(per_repeat))[i] = take
+            left -= take
+    cause = _cause("cpu_contention", per_repeat, [se["base", 1], se["base", n]], loss,
+                   _contention_evidence(ctx, n, r1, rn), *_contention_advice(ctx, n), who=_who(ctx, n))
+    cause["moved_from"] = []
+    for name, part in moved.items():
+        c, amount = by[name], statistics.median(part)
+        if amount <= 0:
+            continue
+        rest = [v - m for v, m in zip(c["per_repeat_s"], part)]
+        old = c["seconds_per_step"]
+        c.update(seconds_per_step=statistics.median(rest), per_repeat_s=rest)
+        c["share"] = c["seconds_per_step"] / old * c["share"] if old else 0.0
+        c.setdefault("moved_to", []).append({"cause": "cpu_contention", "s": amount})
+        cause["moved_from"].append({"cause": name, "s": amount})
+        c["evidence"] += (f" ({amount * 1e3:.2f} ms/step of it counted under cpu_contention: the ranks' measured "
+                          "wait for a free core, which also holds the others up in the exchange)")
+    causes.append(cause)
+    return True
+
+
+def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:
+    """Who took the cores: outside processes (pid, name, cores) and the job's own demand against the cores."""
+    ext = ctx.get("external") or {}
+    threads, workers = int(ctx.get("threads") or 1), int(ctx.get("workers") or 0)
+    cores = ext.get("machine_cores") or ctx.get("cores") or 0
+    demand = n * (threads + workers)
+    return {"outside": [p for p in ext.get("top", [])[:5] if p.get("cores", 0) >= 0.05],
+            "outside_cores": ext.get("cores") or 0.0, "job_threads": demand, "cores": cores,
+            "oversubscribed": bool(cores and demand > cores)}
+
+
+def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[float]) -> str:
+    w = _who(ctx, n)
+    by = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in w["outside"])
+    own = (f"the job runs {w['job_threads']} compute threads ({n} processes x (intra-op threads + loader workers)) "
+           f"on {w['cores']} cores")
+    return (f"the most descheduled rank's main thread waited for a core {median(rn) * 1e3:.2f} ms/step at {n} "
+            f"processes vs {median(r1) * 1e3:.2f} ms at 1 (schedstat run-queue time); "
+            + (f"outside the job: {by}; " if by else "no outside process used the CPU; ") + own)
+
+
+def _contention_advice(ctx: dict[str, Any], n: int) -> tuple[str, dict[str, str]]:
+    w = _who(ctx, n)
+    if w["outside"]:
+        names = ", ".join(f"{p['name']} (pid {p['pid']})" for p in w["outside"][:3])
+        return (f"move {names} off the cores the job uses, or pin the job's processes to cores of their own "
+                "(taskset -c / numactl --physcpubind)", {})
+    if w["oversubscribed"]:
+        fit = max(1, w["cores"] // n - int(ctx.get("workers") or 0))
+        return (f"the job oversubscribes the cores: --job.threads {fit} (so that processes x threads + workers <= "
+                f"{w['cores']} cores)", {"job.threads": str(fit)})
+    return ("the ranks wait for a core though nothing else seems to run: check the cores this job may use "
+            "(taskset -p, the container's CPU quota)", {})

@@ -225,23 +225,54 @@ def _change(doc: dict[str, Any], top: dict[str, Any]) -> str:
     return shlex.join(["trainscale", "train", "--nproc", str(n), *keep, *flags])
 
 
+def bottleneck_first(doc: dict[str, Any]) -> bool:
+    """Whether what bounds the step matters more to the user than the scaling loss: no clear scaling cause, or
+    the bounding part takes more of the N-process step than the whole scaling loss does."""
+    b = doc.get("bottleneck") or {}
+    if not b.get("name") or not math.isfinite(b.get("share", math.nan)):
+        return False
+    top = next((c for c in doc["causes"] if c["significant"]), None)
+    loss_share = doc["scaling_loss_s"] / doc["step_time_n_s"] if doc.get("step_time_n_s") else 0.0
+    return top is None or b["share"] > loss_share
+
+
+def _bottleneck_line(doc: dict[str, Any]) -> str:
+    b = doc["bottleneck"]
+    return (f"What bounds the step at {b['nproc']} processes: {b['name'].replace('_', ' ')}, {b['share']:.0%} of it "
+            f"({b['evidence']}). {b['advice'][:1].upper()}{b['advice'][1:]}.")
+
+
 def _headline(doc: dict[str, Any]) -> list[tuple]:
-    """The report's opening: the top cause with its share and interval, the change to copy, the applied verdict."""
+    """The report's opening: what matters more first (the bound on the step, or the top scaling cause with its
+    share and interval), then the other, the change to copy, the applied verdict."""
+    blocks = _scaling_headline(doc)
+    if doc.get("bottleneck", {}).get("name"):
+        line = ("p", _bottleneck_line(doc))
+        blocks = [line, *blocks] if bottleneck_first(doc) else [*blocks, line]
+    if doc.get("unexplained_beyond_noise"):
+        blocks.append(("p", f"Unexplained: {doc['unexplained_s'] * 1e3:+.3f} ms/step of the scaling loss is in no "
+                            "cause (the causes' medians do not add up exactly, or a cost none of the experiments "
+                            "isolates)."))
+    if doc.get("apply") and doc["apply"].get("decision"):
+        blocks.append(("p", f"Applied: {doc['apply']['text']}"))
+    return blocks
+
+
+def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
+    """The scaling verdict: the top cause with its share and interval and the change to copy, or that none is clear."""
     top = next((c for c in doc["causes"] if c["significant"]), None)
     if top is None:
         likely = [c["name"] for c in doc["causes"] if c["verdict"] in ("likely", "undecided")]
         blocks = [("p", f"Verdict: no cause is clear above the measured noise (scaling loss "
                         f"{doc['scaling_loss_s'] * 1e3:+.3f} ms/step, efficiency {doc['efficiency']:.0%})."
                         + (f" Not decided yet: {', '.join(likely)}; raise --repeat or --budget." if likely else
-                           " Nothing to change."))]
+                           " Nothing to change for scaling."))]
     else:
         name = top["name"] + (f" (rank {top['rank']})" if top["name"] == "straggler" else "")
         blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, "
                         f"{top['share']:.0%} of the scaling loss (90% interval {_interval_ms(top)} ms), "
                         f"{top['verdict']}. {top['evidence']}."),
                   ("p", "Change:" if top["apply_flags"] else "What to do:"), ("pre", _change(doc, top))]
-    if doc.get("apply") and doc["apply"].get("decision"):
-        blocks.append(("p", f"Applied: {doc['apply']['text']}"))
     return blocks
 
 
@@ -430,6 +461,8 @@ def main(argv: list[str]) -> int:
     _report(out, doc)
     if doc.get("result"):
         res = doc
+        if doc.get("bottleneck", {}).get("name") and bottleneck_first(doc):
+            console.print(_bottleneck_line(doc), highlight=False)
         console.print(_table(res))
         for i, c in enumerate([c for c in res["causes"] if c["significant"]], 1):
             console.print(f"{i}. [bold]{c['name']}[/bold]: {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
@@ -438,6 +471,8 @@ def main(argv: list[str]) -> int:
         if not any(c["significant"] for c in res["causes"]):
             console.print("no cause above the measured noise" + ("" if res["scaling_loss_significant"] else
                           " (the scaling loss itself is within noise)"))
+        if doc.get("bottleneck", {}).get("name") and not bottleneck_first(doc):
+            console.print(_bottleneck_line(doc), highlight=False)
         if doc.get("apply"):
             console.print(f"applied: {doc['apply']['text']}", highlight=False)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")

@@ -9,7 +9,7 @@ from typing import Any
 from ..reporting.stats import Interval, mean_interval, median, rel_spread
 
 __all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval", "sync_wait"]
+           "mean_interval", "sync_wait", "critical_runq"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
 # loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
@@ -58,6 +58,27 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     slowest_each_step = sum(k * max(comp) for k, comp in drawn) / total
     slowest_rank = max(sum(k * comp[r] for k, comp in drawn) / total for r in range(len(ranks)))
     return slowest_each_step - slowest_rank
+
+
+def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> float:
+    """Seconds per step the step waits because a rank's main thread was runnable but not running.
+
+    ``ranks``: every rank's rows of one phase (``config.STEP_ROW``; ``runq_main_s`` is column 4). A synchronous
+    step waits for its last rank, so a rank descheduled for x ms delays everyone by up to x: per step, the largest
+    run-queue wait over the ranks. NaN when the rows carry no run-queue column (older summaries, no schedstat).
+    """
+    n = min((len(rows) for rows in ranks), default=0)
+    steps = []
+    for i in range(n):
+        runq = [rows[i][4] if len(rows[i]) > 4 else float("nan") for rows in ranks]
+        if all(v is not None and math.isfinite(v) for v in runq):
+            steps.append((int(ranks[0][i][0]), max(runq)))
+    if not steps:
+        return float("nan")
+    w = weights if weights is not None else {c: 1 for c, _ in steps}
+    drawn = [(w.get(c, 0), v) for c, v in steps if w.get(c, 0)]
+    total = sum(k for k, _ in drawn)
+    return sum(k * v for k, v in drawn) / total if total else float("nan")
 
 
 def job_step_time(summary: dict[str, Any]) -> float:

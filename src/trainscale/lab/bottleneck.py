@@ -1,0 +1,145 @@
+"""What bounds the step at N: the share of the N-process step each part of it takes, measured per rank and step.
+
+The scaling loss says what N processes cost over one; a user also asks what bounds the job at all. A job that
+waits for data 90% of the time at every scale scales perfectly and is still input-bound. Each rank's step splits,
+from its per-step rows (``config.STEP_ROW``), into
+
+    input              the wait for the next batch
+    cpu_contention     the main thread's run-queue wait: runnable, but no core was free for it
+    waiting_for_peers  the wait in the exchange for the last rank to arrive (arrival times on a common clock)
+    communication      the rest of the exposed exchange after backward
+    compute            the rest: forward, backward, optimizer and host work, on the CPU
+
+Shares are time-weighted over every rank's timed steps of the base phase, so they add up to 1. A part a run
+did not measure (an older summary, a platform without schedstat) is 0 and listed under ``unmeasured``; what it
+holds stays in ``compute`` (``communication`` when the exchange wait itself is missing).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import STEP_ROW
+from .suggest import suggest
+
+__all__ = ["PARTS", "step_shares", "bottleneck"]
+
+PARTS = ("input", "compute", "communication", "cpu_contention", "waiting_for_peers")
+_COL = {name: i for i, name in enumerate(STEP_ROW)}
+
+
+def _col(row: list[float], name: str) -> float:
+    i = _COL[name]
+    v = row[i] if i < len(row) else float("nan")
+    return v if v is not None and math.isfinite(v) else float("nan")
+
+
+def step_shares(rank_steps: list[list[list[float]]]) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+    """(share of each part, parts not measured, details: step seconds, last arrivals per rank) of one phase."""
+    n = min((len(rows) for rows in rank_steps), default=0)
+    sums = dict.fromkeys(PARTS, 0.0)
+    total, missing = 0.0, set[str]()
+    last = [0] * len(rank_steps)
+    for i in range(n):
+        rows = [r[i] for r in rank_steps]
+        arrivals = [_col(r, "arrival_s") for r in rows]
+        latest = max(arrivals) if len(rows) > 1 and all(math.isfinite(a) for a in arrivals) else float("nan")
+        if math.isfinite(latest):
+            last[arrivals.index(latest)] += 1
+        for row, arrival in zip(rows, arrivals):
+            step = _col(row, "step_s")
+            if not math.isfinite(step) or step <= 0:
+                continue
+            parts = _split(row, step, latest - arrival if math.isfinite(latest) else float("nan"), missing)
+            for k, v in parts.items():
+                sums[k] += v
+            total += step
+    shares = {k: (v / total if total else float("nan")) for k, v in sums.items()}
+    return shares, sorted(missing), {"step_s": total / (n * len(rank_steps)) if n else float("nan"),
+                                     "last_arrivals": last, "steps": n}
+
+
+def _split(row: list[float], step: float, behind: float, missing: set[str]) -> dict[str, float]:
+    """One rank's step in seconds per part; ``behind``: how long before the last rank this rank arrived."""
+    wait = max(0.0, _col(row, "data_wait_s") if math.isfinite(_col(row, "data_wait_s")) else 0.0)
+    runq, comm = _col(row, "runq_main_s"), _col(row, "comm_wait_s")
+    if not math.isfinite(runq):
+        missing.add("cpu_contention")
+        runq = 0.0
+    peers = 0.0
+    if not math.isfinite(comm):
+        missing.update(("communication", "waiting_for_peers"))
+        comm = 0.0
+    elif math.isfinite(behind):
+        peers = min(max(0.0, behind), comm)  # a rank that waits in the exchange waits for the last one first
+    else:
+        missing.add("waiting_for_peers")
+    # Parts are bounded by the step, in the order they are certain: a wait measured directly first.
+    wait = min(wait, step)
+    runq = min(max(0.0, runq), step - wait)
+    peers = min(peers, step - wait - runq)
+    comm = min(max(0.0, comm - peers), step - wait - runq - peers)
+    return {"input": wait, "cpu_contention": runq, "waiting_for_peers": peers, "communication": comm,
+            "compute": step - wait - runq - peers - comm}
+
+
+def _mean_shares(parts: list[dict[str, Any]]) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+    """Shares averaged over repeats (each repeat's rows are one run's aligned steps)."""
+    each = [step_shares(p.get("rank_steps") or []) for p in parts]
+    each = [e for e in each if e[2]["steps"]]
+    if not each:
+        return dict.fromkeys(PARTS, float("nan")), [], {"step_s": float("nan"), "last_arrivals": [], "steps": 0}
+    shares = {k: sum(e[0][k] for e in each) / len(each) for k in PARTS}
+    missing = sorted({m for e in each for m in e[1]})
+    last = [sum(x) for x in zip(*(e[2]["last_arrivals"] for e in each))]
+    info = {"step_s": sum(e[2]["step_s"] for e in each) / len(each), "last_arrivals": last,
+            "steps": sum(e[2]["steps"] for e in each)}
+    return shares, missing, info
+
+
+def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: int, ctx: dict[str, Any]
+               ) -> dict[str, Any]:
+    """The ``bottleneck`` object of ``doctor.json``: the largest part of the N-process step, with its advice.
+
+    ``base_n``/``base_1``: the base phase's summary part of each repeat at N and at 1 process (with ``rank_steps``).
+    """
+    shares, unmeasured, info = _mean_shares(base_n)
+    if not info["steps"]:
+        return {"name": None, "share": float("nan"), "nproc": n, "shares": {}, "shares_at_1": {},
+                "unmeasured": list(PARTS), "evidence": "no per-step rows in these runs", "advice": "",
+                "apply_flags": {}}
+    at_1 = _mean_shares(base_1)[0] if base_1 else {}
+    name = max(PARTS, key=lambda k: shares[k] if math.isfinite(shares[k]) else -1.0)
+    advice, flags = _advice(name, shares, info, n, ctx)
+    pct = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items() if math.isfinite(v))
+    at1 = f" (at 1 process: {at_1[name]:.0%})" if at_1 and math.isfinite(at_1.get(name, math.nan)) else ""
+    return {"name": name, "share": shares[name], "nproc": n, "shares": shares, "shares_at_1": at_1,
+            "unmeasured": unmeasured, "step_s": info["step_s"], "last_arrivals": info["last_arrivals"],
+            "evidence": f"of each {n}-process step: {pct}{at1}", "advice": advice, "apply_flags": flags}
+
+
+def _advice(name: str, shares: dict[str, float], info: dict[str, Any], n: int, ctx: dict[str, Any]
+            ) -> tuple[str, dict[str, str]]:
+    """What to change for the part that bounds the step (flags that ``--apply`` can try, where there are some)."""
+    if name == "input":
+        text, flags = suggest("input", ctx)
+        return (f"the job waits for its input {shares['input']:.0%} of the step: {text}; or pack the data set once "
+                "(`trainscale data pack`) or decode on the GPU (--data.backend dali)", flags)
+    if name == "communication":
+        return suggest("communication", ctx)
+    if name == "cpu_contention":
+        return ("the ranks' threads wait for a free core: give each process cores of its own (--job.threads so that "
+                "processes x threads + loader workers <= cores; taskset -c / numactl) and move other work off the "
+                "machine", {})
+    if name == "waiting_for_peers":
+        last = info.get("last_arrivals") or []
+        rank = max(range(len(last)), key=last.__getitem__) if any(last) else 0
+        steps = max(1, info.get("steps") or 1)
+        text, flags = suggest("straggler", {**ctx, "rank": rank})
+        return (f"rank {rank} arrives last at {last[rank] / steps:.0%} of the steps and the others wait for it: "
+                f"{text}" if last else text, flags)
+    batch = 2 * int(ctx.get("batch_size", 32))
+    return (f"the step is the model's own work on the CPU ({shares['compute']:.0%}): the processes scale it; to "
+            f"make each step cheaper use bf16 autocast (--strategy.amp bf16), torch.compile, or amortise the "
+            f"per-step work over a larger per-device batch (--batch-size {batch})", {})

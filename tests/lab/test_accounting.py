@@ -1,0 +1,112 @@
+"""The doctor's measured accounting on hand-made per-step rows with known answers: what bounds the step, CPU
+contention taken out of where it hid, and the honesty rules (``lab.invariants``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.lab.analysis import analyse
+from trainscale.lab.bottleneck import bottleneck, step_shares
+from trainscale.lab.invariants import violations
+
+CTX = {"bucket_mb": 25.0, "overlap": True, "workers": 0, "batch_size": 32, "slow_rank": -1, "sample_delay_ms": 0,
+       "strategy_fields": [], "data_fields": ["workers", "prefetch"]}
+
+
+def rows(step, wait=0.0, compute=None, runq=0.0, comm=0.0, arrival=None, steps=16, cycles=4, jitter=0.0):
+    """One rank's rows (config.STEP_ROW): cycle, step, compute, data wait, runq main, runq all, cpu, comm, arrival."""
+    out = []
+    for i in range(steps):
+        j = jitter * ((i * 7) % 5 - 2) / 2  # deterministic, zero-mean wobble
+        t = step + j
+        out.append([i // (steps // cycles), t, compute if compute is not None else t - wait - comm, wait, runq, runq,
+                    t - runq, comm, (arrival or 0.0) + i * step])
+    return out
+
+
+def part(rank_rows, batch=32):
+    t = rank_rows[0][0][1]
+    return {"step_time_s": t, "rank_step_time_s": [r[0][1] for r in rank_rows],
+            "rank_compute_s": [r[0][2] for r in rank_rows], "measured_steps": len(rank_rows[0]),
+            "step_time_spread": 0.01, "samples_per_s": batch * len(rank_rows) / t, "global_batch": batch * len(rank_rows),
+            "data_wait_frac": rank_rows[0][0][3] / t, "allreduce_calls_per_step": 1, "bucket_mb": 25.0,
+            "overlap": True, "threads": 1, "rank_steps": rank_rows}
+
+
+def test_a_job_that_waits_for_input_at_every_scale_is_told_so():
+    # The slow-collate job: 83% of the step waiting for data at 2 processes, 92% at 1, efficiency ~100%.
+    at_n = [part([rows(0.024, wait=0.020), rows(0.024, wait=0.020)])]
+    at_1 = [part([rows(0.022, wait=0.0202)])]
+    b = bottleneck(at_n, at_1, 2, CTX)
+    assert b["name"] == "input" and b["share"] == pytest.approx(0.020 / 0.024)
+    assert b["shares_at_1"]["input"] > 0.9 and sum(b["shares"].values()) == pytest.approx(1.0)
+    assert "--data.workers" in b["advice"] and b["apply_flags"] == {"data.workers": "2"}
+
+
+def test_the_last_rank_to_arrive_is_waited_for():
+    # Rank 1 arrives 3 ms after rank 0 each step; rank 0 spends 3.5 ms of its exposed exchange waiting.
+    shares, missing, info = step_shares([rows(0.010, comm=0.0035, arrival=0.0), rows(0.010, comm=0.0005, arrival=0.003)])
+    assert missing == [] and info["last_arrivals"] == [0, 16]
+    assert shares["waiting_for_peers"] == pytest.approx(0.003 / 0.020)
+    assert shares["communication"] == pytest.approx(0.001 / 0.020)
+
+
+def test_rows_without_accounting_leave_the_measured_parts_out():
+    old = [[[c, 0.01, 0.006, 0.002] for c in range(4)]] * 2  # a summary from before the accounting: four columns
+    shares, missing, _ = step_shares(old)
+    assert set(missing) == {"cpu_contention", "communication", "waiting_for_peers"}
+    assert shares["input"] == pytest.approx(0.2) and shares["compute"] == pytest.approx(0.8)
+
+
+def phased(n_runq=0.0, comm_n=0.004, repeats=2):
+    """Doctor runs whose base phase at 2 processes is slower by ``comm_n`` of exchange wait, of which ``n_runq``
+    is a rank's main thread waiting for a core."""
+    runs = {}
+    for r in range(repeats):
+        j = 1e-5 * r
+        one = [rows(0.010 + j, runq=0.0001)]
+        two = [rows(0.010 + comm_n + j, runq=0.0001 + n_runq, comm=comm_n),
+               rows(0.010 + comm_n + j, runq=0.0001, comm=comm_n)]
+        quiet2 = [rows(0.010 + j, runq=0.0001), rows(0.010 + j, runq=0.0001)]
+        runs.setdefault(("base", 1), []).append(part(one))
+        runs.setdefault(("no_data", 1), []).append(part(one))
+        runs.setdefault(("no_comm", 1), []).append(part(one))
+        runs.setdefault(("base", 2), []).append(part(two, 32))
+        runs.setdefault(("no_data", 2), []).append(part(two, 32))
+        runs.setdefault(("no_comm", 2), []).append(part(quiet2, 32))
+    return runs
+
+
+def test_measured_cpu_contention_is_taken_out_of_communication():
+    # A neighbour on one core: one rank waits 3 ms per step for a core, which every other rank then waits for
+    # inside the all-reduce; removing the exchange removes that wait too. The measured run-queue wait says so.
+    ext = {"machine_cores": 2, "cores": 1.0, "top": [{"pid": 4242, "name": "sh", "cores": 1.0}]}
+    res = analyse(phased(n_runq=0.003), 2, {**CTX, "external": ext}, replicates=60)
+    c = {x["name"]: x for x in res["causes"]}
+    assert res["causes"][0]["name"] == "cpu_contention" and res["causes"][0]["significant"]
+    assert c["cpu_contention"]["seconds_per_step"] == pytest.approx(0.003, abs=2e-4)
+    assert c["communication"]["seconds_per_step"] == pytest.approx(0.001, abs=2e-4)
+    assert "pid 4242" in c["cpu_contention"]["evidence"] and "4242" in c["cpu_contention"]["suggestion"]
+    assert "external_load" not in c  # measured, so the time-sharing model is not used
+    assert res["invariants"] == []
+
+
+def test_without_contention_communication_keeps_its_time():
+    res = analyse(phased(n_runq=0.0), 2, CTX, replicates=60)
+    c = {x["name"]: x for x in res["causes"]}
+    assert res["causes"][0]["name"] == "communication"
+    assert c["cpu_contention"]["seconds_per_step"] == pytest.approx(0.0, abs=1e-4)
+    assert res["invariants"] == []
+
+
+def test_the_rules_catch_a_dishonest_result():
+    res = analyse(phased(n_runq=0.003), 2, CTX, replicates=60)
+    assert violations(res) == []
+    comm = next(c for c in res["causes"] if c["name"] == "communication")
+    comm["interval_s"] = [comm["seconds_per_step"] + 0.001, comm["seconds_per_step"] + 0.002]
+    cpu = next(c for c in res["causes"] if c["name"] == "cpu_contention")
+    cpu["moved_from"] = []
+    res["bottleneck"]["shares"]["input"] += 0.5
+    res["unexplained_s"] += 0.001
+    found = violations(res)
+    assert len(found) == 4, found
