@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from trainscale.lab.analysis import analyse
-from trainscale.lab.doctor import phase_parts
+from trainscale.lab.experiments import phase_parts
 
 
 def _nproc(f: Path) -> int:

@@ -1,0 +1,53 @@
+"""The lab's runner: runs one experiment as a job (through ``trainscale.jobs``), logs it, splits its phases.
+
+Every experiment is a command a user could type; the runner keeps each run's summary under ``OUT/runs/`` and a
+log line per phase for the report, and ends the whole diagnosis on the first failed run (``RunFailed``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress, TaskID
+
+from ..jobs import RunSpec, run_train
+from .stats import job_step_time
+
+__all__ = ["Lab", "phase_parts"]
+
+
+def phase_parts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A phased run's summary as one summary per phase (the run's fields with that phase's timings)."""
+    return {ph: {**summary, **v} for ph, v in summary["phases"].items()}
+
+
+class Lab:
+    """Runs experiments, keeps every summary, and shows progress (``bar``, a rich progress with one task)."""
+
+    def __init__(self, out: Path, user: list[str], timeout: float, bar: Progress, task: TaskID,
+                 script: list[str] | None = None):
+        self.out, self.user, self.timeout, self.bar, self.task, self.script = out, user, timeout, bar, task, script
+        self.log: list[dict[str, Any]] = []
+
+    def run(self, name: str, k: int, extra: list[str], r: int) -> dict[str, Any]:
+        """One run; a run with phases is logged and returned as one summary per phase."""
+        self.bar.update(self.task, description=f"{name} at {k} process(es), run {r + 1}")
+        spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
+                       f"experiment {name} at {k} process(es)", script=self.script)
+        s = run_train(spec, self.timeout)
+        parts = phase_parts(s) if s.get("phases") else {name: s}
+        for ph, p in parts.items():
+            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r,
+                             "step_time_s": p["step_time_s"], "job_step_time_s": job_step_time(p),
+                             "samples_per_s": p["samples_per_s"], "rank_compute_s": p.get("rank_compute_s"),
+                             "rank_step_time_s": p.get("rank_step_time_s"), "data_wait_frac": p.get("data_wait_frac"),
+                             "threads": p.get("threads"), "command": s["command"]})
+        self.bar.advance(self.task)
+        return parts if s.get("phases") else s
+
+    def expect(self, runs: int) -> None:
+        """Add ``runs`` more runs to the progress bar's total."""
+        total = self.bar.tasks[0].total
+        assert total is not None
+        self.bar.update(self.task, total=total + runs)
