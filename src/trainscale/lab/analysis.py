@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import PHASES
 from .bottleneck import bottleneck
 from .invariants import explain_rest, violations, widen_to_point
 from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
+from .suggest import suggest
 
 __all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load",
            "cpu_contention"]
@@ -126,6 +128,41 @@ def _cause(name: str, per_repeat: list[float], sources: list[list[float]], loss:
             "apply_flags": flags or {}, **extra}
 
 
+@dataclass
+class _Terms:
+    """The per-repeat step times the causes are differences of, their noise, and the scaling loss."""
+
+    runs: Runs
+    n: int
+    R: int
+    t: dict[tuple[str, int], list[float]]  # job step time per repeat, by (configuration, processes)
+    se: dict[tuple[str, int], list[float]]  # standard error of each of those medians
+    gap: dict[str, list[tuple[float, int]]]  # per phase at N: (slowest rank's extra compute, that rank) per repeat
+    loss_r: list[float]
+    loss: float
+    loss_noise: float
+    loss_low: float
+
+    @classmethod
+    def of(cls, runs: Runs, n: int, slow_rank: int | None) -> _Terms:
+        R = min(len(runs.get((c, k), [])) for c in PHASES for k in (1, n))
+        t = {(c, k): _t(runs, c, k)[:R] for c in CONFIGS for k in (1, n)}
+        se = {(c, k): _se(runs, c, k, R) for c in CONFIGS for k in (1, n)}
+        gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]] for c in PHASES}
+        loss_r = [x - y for x, y in zip(t["base", n], t["base", 1])]
+        loss, noise, low = _term(loss_r, [se["base", 1], se["base", n]])
+        return cls(runs, n, R, t, se, gap, loss_r, loss, noise, low)
+
+    def g(self, phase: str) -> list[float]:
+        """The slowest rank's extra compute per repeat, in ``phase`` at N."""
+        return [x[0] for x in self.gap[phase]]
+
+    def diff(self, a: str, b: str) -> list[float]:
+        """Per repeat: what removing ``b``'s part saves at N minus at 1 ([a - b](N) - [a - b](1))."""
+        n = self.n
+        return [(self.t[a, n][i] - self.t[b, n][i]) - (self.t[a, 1][i] - self.t[b, 1][i]) for i in range(self.R)]
+
+
 def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, Any], dict[str, Any]] | None,
             threads: dict[int, list[dict[str, Any]]] | None, slow_rank: int | None = None
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -133,107 +170,133 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
 
     ``slow_rank``: measure the straggler as that rank's signed gap (the bootstrap's replicates), not the largest.
     """
-    from .suggest import suggest
-
-    R = min(len(runs.get((c, k), [])) for c in PHASES for k in (1, n))
-    pick = lambda c, k: _t(runs, c, k)[:R]  # noqa: E731
-    b1, bn, d1, dn, c1, cn = (pick(c, k) for c in PHASES for k in (1, n))
-    se = {(c, k): _se(runs, c, k, R) for c in CONFIGS for k in (1, n)}
-    loss_r = [x - y for x, y in zip(bn, b1)]
-    loss, loss_noise, loss_low = _term(loss_r, [se["base", 1], se["base", n]])
-    t1, tn = median(b1), median(bn)
-    causes: list[dict[str, Any]] = []
-    # Straggler: the slowest rank's extra forward+backward, which every other rank waits for. It is measured in
-    # each configuration at N; its growth from no_comm to base (a slow rank is slower still when loading and
-    # communication share its cores) is moved out of input and communication into the straggler, so the
-    # straggler counts its whole cost in the job as it runs and the terms still add up to the loss.
-    gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]]
-           for c in PHASES}
-    g = {c: [x[0] for x in v] for c, v in gap.items()}
-    input_r = [(bn[i] - dn[i]) - (b1[i] - d1[i]) - (g["base"][i] - g["no_data"][i]) for i in range(R)]
-    # Ranks that synchronise every step also wait for whichever of them is slowest that step: jitter, not the
-    # exchange. Measured where the exchange is on and the data off (0 at one process), moved out of communication.
-    sync_r = [s.get("sync_wait_s", 0.0) for s in runs[("no_data", n)][:R]]
-    comm_r = [(dn[i] - cn[i]) - (d1[i] - c1[i]) - (g["no_data"][i] - g["no_comm"][i]) - sync_r[i] for i in range(R)]
-    cside_r = [cn[i] - c1[i] for i in range(R)]
+    tm = _Terms.of(runs, n, slow_rank)
     base_n = runs[("base", n)][0]
     ctx = {**ctx, "calls": base_n.get("allreduce_calls_per_step"), "bytes": base_n.get("comm_bytes_per_step")}
-    causes.append(_cause(
-        "input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], loss,
-        f"data wait {median(s.get('data_wait_frac') for s in runs[('base', n)]):.0%} of the step at {n} processes vs "
-        f"{median(s.get('data_wait_frac') for s in runs[('base', 1)]):.0%} at 1; one batch kept on the device "
-        f"saves {_ms(median(bn) - median(dn))} ms/step at {n} vs {_ms(median(b1) - median(d1))} ms at 1",
-        *suggest("input", ctx)))
-    causes.append(_cause(
-        "communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]], loss,
-        f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
-        f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
-        f"{_ms(median(dn) - median(cn))} ms/step at {n} processes", *suggest("communication", ctx)))
-    spread = [f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"  # null in JSON: no clock
-              for x in runs[("no_data", n)][0].get("rank_compute_spread") or []]
-    causes.append(_cause(
-        "sync_wait", sync_r, [se["no_data", n]], loss,
-        f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from step to "
-        f"step (p10-p90 spread per rank: {', '.join(spread)}), so the ranks wait "
-        f"{_ms(median(sync_r))} ms/step for each other beyond any rank that is slower on every step (measured "
-        "with the exchange on and one batch kept on the device)", *suggest("sync_wait", ctx)))
-    worst = statistics.mode([x[1] for x in gap["base"]]) if gap["base"] else 0
-    strag_r = g["base"]  # = its compute-side part g[no_comm] + what was moved out of input and communication
-    rank_c = [median(s["rank_compute_s"][i] for s in runs[("base", n)][:R])
-              for i in range(len(base_n.get("rank_compute_s") or []))]
-    strag_se = [rank_gap_se(s, w) for s, (_, w) in zip(runs[("base", n)][:R], gap["base"])]
-    strag = _cause("straggler", strag_r, [strag_se], loss,
-                   f"rank {worst} computes {_ms(median(strag_r))} ms/step longer than the median of the others, "
-                   f"who wait for it (per-rank forward+backward: {', '.join(f'{c * 1e3:.2f} ms' for c in rank_c)}; "
-                   f"{_ms(median(g['no_comm']))} ms without data and communication)",
-                   *suggest("straggler", {**ctx, "rank": worst}), rank=worst)
-    sl1, sln = _t(runs, "sleep", 1)[:R], _t(runs, "sleep", n)[:R]
-    have_sleep = len(sl1) == R and len(sln) == R and R > 0
-    if have_sleep:
-        fw_r = [sln[i] - sl1[i] for i in range(R)]
-        causes.append(_cause(
-            "framework_overhead", fw_r, [se["sleep", 1], se["sleep", n]], loss,
-            f"sleep test (every leaf module's compute replaced by a sleep of its duration measured at 1 process): "
-            f"{_ms(median(sl1))} ms/step at 1 vs {_ms(median(sln))} ms at {n}", *suggest("framework_overhead", ctx)))
-        compute_r = [cside_r[i] - fw_r[i] for i in range(R)]
-    else:
-        compute_r = cside_r
-    slow = None
-    if profiles:
-        rows, ratio, op_noise = op_excess(*profiles)
-        top = rows[0] if rows else None
-        cap = max(0.0, median(compute_r))
-        excess = min(max(0.0, top["excess_s"]), cap) if top else 0.0
-        slow = _cause("slow_operator", [excess] * max(1, R), [[op_noise / 2] * max(1, R)], loss,
-                      (f"{top['op']}: {top['s_per_step_1'] * 1e3:.3f} ms/step at 1 vs {top['s_per_step_n'] * 1e3:.3f} "
-                       f"ms at {n}, {excess * 1e3:.3f} ms beyond the general x{ratio:.2f} slow-down of all "
-                       "operators (rank 0 profiles)") if top else "no operator data",
-                      *suggest("slow_operator", {**ctx, "op": top["op"] if top else "?"}),
-                      operator=top["op"] if top else None, top_ops=rows[:5])
+    causes = _exchange_side(tm, ctx)
+    strag = _straggler(tm, ctx)
+    compute_r, have_sleep = _framework(tm, ctx, causes)
+    slow = _slow_operator(tm, ctx, profiles, compute_r) if profiles else None
+    if slow:
         causes.append(slow)
     slow_s = slow["seconds_per_step"] if slow and math.isfinite(slow["seconds_per_step"]) else 0.0
-    inter_r = [compute_r[i] - g["no_comm"][i] - slow_s for i in range(R)]
     causes.append(strag)
-    causes.append(_cause(
-        "compute_interference", inter_r, [se["no_comm", 1], se["no_comm", n]] +
-        ([se["sleep", 1], se["sleep", n]] if have_sleep else []), loss,
-        f"forward+backward without data and communication: {_ms(median(c1))} ms/step at 1 vs {_ms(median(cn))} ms at "
-        f"{n}" + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
-        f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {base_n.get('threads')} at {n}",
-        *suggest("compute_interference", ctx), uses_sleep=have_sleep))
+    causes.append(_interference(tm, ctx, compute_r, slow_s, have_sleep))
     if threads:
-        best_t, best = min(((t, median(job_step_time(s) for s in ss)) for t, ss in threads.items()),
-                           key=lambda x: x[1])
-        gain_r = [bn[i] - job_step_time(s) for i, s in enumerate(threads[best_t][:R])]
-        causes.append(_cause(
-            "threads", gain_r, [se["base", n], [median_se(s) for s in threads[best_t][:R]]], loss,
-            f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(tn)} ms with "
-            f"{base_n.get('threads')}", *suggest("threads", {**ctx, "threads": best_t}), threads=best_t))
-    measured = cpu_contention(causes, {**ctx, "threads": base_n.get("threads")}, n, runs[("base", 1)][:R],
-                              runs[("base", n)][:R], se, loss)
+        causes.append(_threads(tm, ctx, threads))
+    measured = cpu_contention(causes, {**ctx, "threads": base_n.get("threads")}, n, runs[("base", 1)][:tm.R],
+                              runs[("base", n)][:tm.R], tm.se, tm.loss)
     if not measured:  # no run-queue accounting in these runs: the time-sharing model is the last resort
-        external_load(causes, ctx, n, base_n, runs[("base", 1)][0], cn)
-    return causes, {"loss": loss, "loss_noise": loss_noise, "loss_low": loss_low, "t1": t1, "tn": tn, "R": R}
+        external_load(causes, ctx, n, base_n, runs[("base", 1)][0], tm.t["no_comm", n])
+    return causes, {"loss": tm.loss, "loss_noise": tm.loss_noise, "loss_low": tm.loss_low,
+                    "t1": median(tm.t["base", 1]), "tn": median(tm.t["base", n]), "R": tm.R}
+
+
+def _exchange_side(tm: _Terms, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """Input, communication and sync_wait: what removing the data, then the exchange, saves at N beyond at 1.
+
+    The straggler's growth from no_comm to base (a slow rank is slower still when loading and communication share
+    its cores) is moved out of input and communication into the straggler, so the straggler counts its whole cost
+    and the terms still add up to the loss. Ranks that synchronise every step also wait for whichever of them is
+    slowest that step: jitter, not the exchange, measured with the exchange on and the data off.
+    """
+    n, R, se, runs, t = tm.n, tm.R, tm.se, tm.runs, tm.t
+    g = {c: tm.g(c) for c in PHASES}
+    input_r = [v - (g["base"][i] - g["no_data"][i]) for i, v in enumerate(tm.diff("base", "no_data"))]
+    sync_r = [s.get("sync_wait_s", 0.0) for s in runs[("no_data", n)][:R]]
+    comm_r = [v - (g["no_data"][i] - g["no_comm"][i]) - sync_r[i] for i, v in enumerate(tm.diff("no_data", "no_comm"))]
+    base_n = runs[("base", n)][0]
+    spread = [f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"  # null in JSON: no clock
+              for x in runs[("no_data", n)][0].get("rank_compute_spread") or []]
+    wait = {k: median(s.get("data_wait_frac") for s in runs[("base", k)]) for k in (1, n)}
+    return [
+        _cause("input", input_r, [se["base", 1], se["base", n], se["no_data", 1], se["no_data", n]], tm.loss,
+               f"data wait {wait[n]:.0%} of the step at {n} processes vs {wait[1]:.0%} at 1; one batch kept on the "
+               f"device saves {_ms(median(t['base', n]) - median(t['no_data', n]))} ms/step at {n} vs "
+               f"{_ms(median(t['base', 1]) - median(t['no_data', 1]))} ms at 1", *suggest("input", ctx)),
+        _cause("communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]],
+               tm.loss, f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
+               f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
+               f"{_ms(median(t['no_data', n]) - median(t['no_comm', n]))} ms/step at {n} processes",
+               *suggest("communication", ctx)),
+        _cause("sync_wait", sync_r, [se["no_data", n]], tm.loss,
+               f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from "
+               f"step to step (p10-p90 spread per rank: {', '.join(spread)}), so the ranks wait "
+               f"{_ms(median(sync_r))} ms/step for each other beyond any rank that is slower on every step (measured "
+               "with the exchange on and one batch kept on the device)", *suggest("sync_wait", ctx))]
+
+
+def _straggler(tm: _Terms, ctx: dict[str, Any]) -> dict[str, Any]:
+    """The slowest rank's extra forward+backward in the base phase at N, which every other rank waits for."""
+    runs, n, R = tm.runs, tm.n, tm.R
+    base_n = runs[("base", n)][0]
+    worst = statistics.mode([x[1] for x in tm.gap["base"]]) if tm.gap["base"] else 0
+    strag_r = tm.g("base")  # = its compute-side part g[no_comm] + what was moved out of input and communication
+    rank_c = [median(s["rank_compute_s"][i] for s in runs[("base", n)][:R])
+              for i in range(len(base_n.get("rank_compute_s") or []))]
+    strag_se = [rank_gap_se(s, w) for s, (_, w) in zip(runs[("base", n)][:R], tm.gap["base"])]
+    return _cause("straggler", strag_r, [strag_se], tm.loss,
+                  f"rank {worst} computes {_ms(median(strag_r))} ms/step longer than the median of the others, "
+                  f"who wait for it (per-rank forward+backward: {', '.join(f'{c * 1e3:.2f} ms' for c in rank_c)}; "
+                  f"{_ms(median(tm.g('no_comm')))} ms without data and communication)",
+                  *suggest("straggler", {**ctx, "rank": worst}), rank=worst)
+
+
+def _framework(tm: _Terms, ctx: dict[str, Any], causes: list[dict[str, Any]]) -> tuple[list[float], bool]:
+    """The sleep test's framework overhead (appended to ``causes`` when it ran); returns (compute-side rest per
+    repeat, whether the sleep test ran)."""
+    n, R, t = tm.n, tm.R, tm.t
+    cside_r = [t["no_comm", n][i] - t["no_comm", 1][i] for i in range(R)]
+    sl1, sln = t["sleep", 1], t["sleep", n]
+    if not (len(sl1) == R and len(sln) == R and R > 0):
+        return cside_r, False
+    fw_r = [sln[i] - sl1[i] for i in range(R)]
+    causes.append(_cause(
+        "framework_overhead", fw_r, [tm.se["sleep", 1], tm.se["sleep", n]], tm.loss,
+        f"sleep test (every leaf module's compute replaced by a sleep of its duration measured at 1 process): "
+        f"{_ms(median(sl1))} ms/step at 1 vs {_ms(median(sln))} ms at {n}", *suggest("framework_overhead", ctx)))
+    return [cside_r[i] - fw_r[i] for i in range(R)], True
+
+
+def _slow_operator(tm: _Terms, ctx: dict[str, Any], profiles: tuple[dict[str, Any], dict[str, Any]],
+                   compute_r: list[float]) -> dict[str, Any]:
+    """The operator whose time grows most beyond every operator's general slow-down (rank 0's profiles)."""
+    rows, ratio, op_noise = op_excess(*profiles)
+    top = rows[0] if rows else None
+    cap = max(0.0, median(compute_r))
+    excess = min(max(0.0, top["excess_s"]), cap) if top else 0.0
+    return _cause("slow_operator", [excess] * max(1, tm.R), [[op_noise / 2] * max(1, tm.R)], tm.loss,
+                  (f"{top['op']}: {top['s_per_step_1'] * 1e3:.3f} ms/step at 1 vs {top['s_per_step_n'] * 1e3:.3f} "
+                   f"ms at {tm.n}, {excess * 1e3:.3f} ms beyond the general x{ratio:.2f} slow-down of all "
+                   "operators (rank 0 profiles)") if top else "no operator data",
+                  *suggest("slow_operator", {**ctx, "op": top["op"] if top else "?"}),
+                  operator=top["op"] if top else None, top_ops=rows[:5])
+
+
+def _interference(tm: _Terms, ctx: dict[str, Any], compute_r: list[float], slow_s: float, have_sleep: bool
+                  ) -> dict[str, Any]:
+    """Forward+backward slower at N without data and exchange, beyond the straggler and a slow operator."""
+    n, se, runs = tm.n, tm.se, tm.runs
+    inter_r = [compute_r[i] - tm.g("no_comm")[i] - slow_s for i in range(tm.R)]
+    return _cause(
+        "compute_interference", inter_r, [se["no_comm", 1], se["no_comm", n]] +
+        ([se["sleep", 1], se["sleep", n]] if have_sleep else []), tm.loss,
+        f"forward+backward without data and communication: {_ms(median(tm.t['no_comm', 1]))} ms/step at 1 vs "
+        f"{_ms(median(tm.t['no_comm', n]))} ms at {n}"
+        + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
+        f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {runs[('base', n)][0].get('threads')} "
+        f"at {n}", *suggest("compute_interference", ctx), uses_sleep=have_sleep)
+
+
+def _threads(tm: _Terms, ctx: dict[str, Any], threads: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """What the best other intra-op thread count gains at N (another configuration, not a part of the loss)."""
+    n, bn = tm.n, tm.t["base", tm.n]
+    best_t, best = min(((t, median(job_step_time(s) for s in ss)) for t, ss in threads.items()), key=lambda x: x[1])
+    gain_r = [bn[i] - job_step_time(s) for i, s in enumerate(threads[best_t][:tm.R])]
+    return _cause("threads", gain_r, [tm.se["base", n], [median_se(s) for s in threads[best_t][:tm.R]]], tm.loss,
+                  f"{n} processes with {best_t} intra-op thread(s) each: {_ms(best)} ms/step vs {_ms(median(bn))} ms "
+                  f"with {tm.runs[('base', n)][0].get('threads')}", *suggest("threads", {**ctx, "threads": best_t}),
+                  threads=best_t)
 
 
 # Causes measured inside the phased runs: their intervals come from resampling those runs' cycles.
