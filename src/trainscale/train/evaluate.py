@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["evaluate_batches"]
+__all__ = ["evaluate_batches", "shard_batches"]
 
 
 @torch.no_grad()
@@ -44,3 +44,17 @@ def evaluate_batches(module: nn.Module, batches: Iterable[Any], device: torch.de
     module.train(was_training)
     loss, hits, n, n_acc = sums.tolist()
     return (loss / n if n else float("nan")), (hits / n_acc if n_acc else float("nan")), int(n)
+
+
+def shard_batches(data: Any, batch_size: int, rank: int, world: int, device: torch.device) -> Iterator[Any]:
+    """This rank's share of ``data`` (a Dataset or DataLoader) in batches on ``device``: every sample once overall."""
+    from torch.utils.data import DataLoader, default_collate
+
+    from ..data.loader import move_to
+    from ..data.sampler import eval_indices
+    collate = default_collate
+    if isinstance(data, DataLoader):
+        batch_size, collate, data = data.batch_size or batch_size, data.collate_fn, data.dataset
+    idx = eval_indices(len(data), rank, world)
+    for i in range(0, len(idx), batch_size):
+        yield move_to(collate([data[j] for j in idx[i:i + batch_size]]), device)

@@ -28,11 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, SequentialSampler, default_collate
 
 from ..config import Config, apply_overrides, config_to_dict, parse_override_args
-from ..data import DataInfo, build_train_loader
-from ..data.delay import with_sample_delay
+from ..data import DataInfo
 from ..data.loader import TrainLoader
 from ..distributed import DistEnv, gather_env_rows, init_distributed
 from ..distributed.table import print_env_table
@@ -43,6 +41,7 @@ from .errors import RunError
 from .guard import Guard
 from .instruments import Instruments, StepMode
 from .instruments.losses import LossWindow
+from .loading import is_ready_loader, make_loader
 from .metrics import MetricsLog
 from .prepared import PreparedModel
 from .progress import ProgressView
@@ -165,30 +164,11 @@ class Run:
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
         """trainscale's loader over ``data`` (Dataset or DataLoader): this rank's shard, prefetched to the device."""
         shard = self._shard()
-        if isinstance(data, TrainLoader) or hasattr(data, "state_dict") and hasattr(data, "__next__"):
-            if data not in self.loaders:  # a ready loader (ours, or one with the same interface): used as it is
-                self.loaders.append(data)
-                bs = getattr(data, "batch_size", None) or self.cfg.data.batch_size
-                self.global_batch = bs * shard[1] * self.accum
-            return data
-        d = self.cfg.data
-        kw: dict[str, Any] = {"batch_size": d.batch_size, "workers": d.workers, "collate": None, "shuffle": d.shuffle}
-        if isinstance(data, DataLoader):
-            collate = None if data.collate_fn is default_collate else data.collate_fn
-            kw = {"batch_size": data.batch_size or d.batch_size, "workers": data.num_workers, "collate": collate,
-                  "shuffle": not isinstance(data.sampler, SequentialSampler)}
-            data = data.dataset
-        if not isinstance(data, Dataset) and not hasattr(data, "__getitem__"):
-            raise RunError(f"run.prepare/batches: data must be a Dataset or DataLoader, not {type(data).__name__}")
-        data = with_sample_delay(data, d.sample_delay_ms, d.sample_delay_scope)  # the slow-disk experiment
-        if info is not None:  # built-in image data: the configured loader (DALI too), normalised on the device
-            dcfg = apply_overrides(self.cfg, {"data.batch_size": kw["batch_size"]}).data
-            loader = build_train_loader(dcfg, data, info, self.device, *shard, self.cfg.job.seed, self.is_main)
-        else:
-            loader = TrainLoader(data, None, self.device, kw["batch_size"], *shard, kw["workers"], kw["shuffle"],
-                                 self.cfg.job.seed, prefetch=d.prefetch, on_error=d.on_error, collate=kw["collate"])
-        self.global_batch = loader.batch_size * shard[1] * self.accum
-        self.loaders.append(loader)
+        loader = data if is_ready_loader(data) else make_loader(self.cfg, data, info, self.device, shard, self.is_main)
+        if loader not in self.loaders:
+            self.loaders.append(loader)
+            bs = getattr(loader, "batch_size", None) or self.cfg.data.batch_size
+            self.global_batch = bs * shard[1] * self.accum
         return loader
 
     def _shard(self) -> tuple[int, int]:
@@ -365,21 +345,13 @@ class Run:
         class scores against integer labels, ``accuracy``. ``batches``: this rank's device batches, already
         split (``data`` is then ignored). The last result goes into the run summary.
         """
-        from ..data.loader import move_to
-        from ..data.sampler import eval_indices
-        from .evaluate import evaluate_batches
+        from .evaluate import evaluate_batches, shard_batches
         st = self._need_prepared("evaluate")[0]
         st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
         self.guard.mark("evaluate", self.step_count)
         if batches is None:
-            if isinstance(data, DataLoader):
-                batch_size, collate, data = batch_size or data.batch_size, data.collate_fn, data.dataset
-            else:
-                collate = default_collate
-            bs = batch_size or self.cfg.data.batch_size
-            idx = eval_indices(len(data), self.env.rank, self.env.world_size)
-            batches = (move_to(collate([data[j] for j in idx[i:i + bs]]), self.device)
-                       for i in range(0, len(idx), bs))
+            batches = shard_batches(data, batch_size or self.cfg.data.batch_size, self.env.rank, self.env.world_size,
+                                    self.device)
         loss, acc, n = evaluate_batches(st.module, batches, self.device, st.autocast, loss_fn)
         self.eval_result = (loss, acc, n)
         return {"loss": loss, "accuracy": acc, "samples": n}
