@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config import ConfigError
 from .launcher import LaunchFailed, LaunchSpec, launch
 
 __all__ = ["main"]
@@ -22,7 +23,9 @@ def main(argv: list[str]) -> int:
                "--nproc-per-node 8 train.py\n  trainscale launch --nnodes 1:4 --rdzv-endpoint head:29400 "
                "--max-restarts 3 --nproc-per-node 8 train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="processes on this node (default 1)")
+    p.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="processes on this node (default: what the scheduler asks for, e.g. Kubeflow's "
+                        "PET_NPROC_PER_NODE, else 1)")
     p.add_argument("--nnodes", default="1", metavar="A[:B]", help="nodes, or MIN:MAX for an elastic job")
     p.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank (static rendezvous)")
     p.add_argument("--master-addr", metavar="H", help="address of node 0 (static rendezvous)")
@@ -36,7 +39,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to the script")
     a = p.parse_args(argv)
-    spec = LaunchSpec(script=a.script, args=a.args, nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
+    if a.nproc_per_node is not None and a.nproc_per_node < 1:
+        raise ConfigError("--nproc-per-node", a.nproc_per_node, "must be >= 1")
+    spec = LaunchSpec(script=a.script, args=a.args, nproc_per_node=a.nproc_per_node or 0, nnodes=a.nnodes,
                       node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port,
                       rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id, max_restarts=a.max_restarts,
                       threads=a.threads, module=a.module)

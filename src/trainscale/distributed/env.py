@@ -31,6 +31,7 @@ class DistEnv:
     backend: str
     master: str
     threads: int
+    cluster: str = "single (no launcher or scheduler variables)"  # the resolver's source and why (env table)
 
     @property
     def is_main(self) -> bool:
@@ -77,7 +78,16 @@ def resolve_backend(choice: str, device: torch.device, local_processes: int = 1,
 
 
 def init_distributed(job: JobConfig) -> DistEnv:
-    """Join the job's process group (or make a one-rank group when not launched) and pin the device."""
+    """Join the job's process group (or make a one-rank group when not launched) and pin the device.
+
+    Where the process stands comes from ``cluster.resolve``: torchrun's variables, else a scheduler's (an srun
+    task, a Kubeflow or PyTorchJob pod), exported as torchrun would set them, so every later reader agrees.
+    """
+    from .cluster import resolve
+
+    cluster = resolve(role="rank")
+    if cluster.source != "torchrun" and not dist.is_initialized():
+        os.environ.update(cluster.rank_env())
     launched = is_launched()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -102,10 +112,10 @@ def init_distributed(job: JobConfig) -> DistEnv:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     master = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '-')}" if launched else "-"
-    nnodes = max(1, world // max(1, local_world))
+    nnodes = int(os.environ.get("GROUP_WORLD_SIZE", 0)) or max(1, world // max(1, local_world))
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                    node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
-                   device=device, backend=backend, master=master, threads=threads)
+                   device=device, backend=backend, master=master, threads=threads, cluster=cluster.describe())
 
 
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
