@@ -90,3 +90,11 @@ def script_command(sbatch: Path) -> list[str]:
     while words[0].startswith("-"):
         words.pop(0)
     return words
+
+
+def srun_cyclic_env(job: str, nodes: int, tasks_per_node: int, procid: int) -> dict[str, str]:
+    """srun --distribution=cyclic: task i on node i mod nodes, so a node's ranks are not consecutive."""
+    env = srun_env(job, nodes, tasks_per_node, procid)
+    env.update({"SLURM_NODEID": str(procid % nodes), "SLURM_LOCALID": str(procid // nodes),
+                "SLURMD_NODENAME": f"127.0.0.{procid % nodes + 1}"})
+    return env

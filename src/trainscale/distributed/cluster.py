@@ -29,7 +29,7 @@ from typing import Literal, Mapping
 
 from ..config import ConfigError
 
-__all__ = ["Cluster", "ClusterError", "resolve", "expand_nodelist", "slurm_port", "tasks_on_node", "cluster_fields"]
+__all__ = ["Cluster", "ClusterError", "resolve", "expand_nodelist", "slurm_port", "tasks_on_node"]
 
 Role = Literal["rank", "launcher"]
 SLURM_PORT_BASE = 20000  # derived ports lie in 20000-29999: below Linux's ephemeral range (32768-60999)
@@ -89,11 +89,6 @@ def resolve(environ: Mapping[str, str] | None = None, role: Role = "rank") -> Cl
         if found is not None:
             return found
     return Cluster("single", _single_why(env), "1", 0, None, None)
-
-
-def cluster_fields(nnodes: int, local_world_size: int, source: str) -> dict[str, object]:
-    """The run summary's cluster fields: nodes, processes per node, and the source that said so."""
-    return {"nodes": nnodes, "procs_per_node": local_world_size, "cluster_source": source}
 
 
 # ------------------------------------------------------------------ sources

@@ -14,7 +14,7 @@ from ..about import available_cores
 from ..config import ConfigError, JobConfig
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
-           "gather_env_rows", "is_launched", "shutdown"]
+           "gather_env_rows", "is_launched", "shutdown", "node_members", "cluster_fields"]
 
 
 @dataclass
@@ -32,6 +32,7 @@ class DistEnv:
     master: str
     threads: int
     cluster: str = "single (no launcher or scheduler variables)"  # the resolver's source and why (env table)
+    cluster_source: str = "single"  # torchrun | slurm | kubeflow | pytorchjob | single
 
     @property
     def is_main(self) -> bool:
@@ -115,7 +116,8 @@ def init_distributed(job: JobConfig) -> DistEnv:
     nnodes = int(os.environ.get("GROUP_WORLD_SIZE", 0)) or max(1, world // max(1, local_world))
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                    node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
-                   device=device, backend=backend, master=master, threads=threads, cluster=cluster.describe())
+                   device=device, backend=backend, master=master, threads=threads, cluster=cluster.describe(),
+                   cluster_source=cluster.source)
 
 
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
@@ -141,10 +143,22 @@ def gather_env_rows(env: DistEnv) -> list[dict]:
     return rows
 
 
+def node_members(env: DistEnv) -> list[list[int]]:
+    """Each node's ranks, in node order, from every rank's node (GROUP_RANK, SLURM_NODEID ...; a collective)."""
+    nodes: list[int] = [0] * env.world_size
+    dist.all_gather_object(nodes, env.node_rank)
+    return [[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))]
+
+
 def shutdown() -> None:
     """Leave the process group if one is open."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def cluster_fields(env: DistEnv) -> dict:
+    """The run summary's node fields: nodes, processes per node (rank 0's node), and who placed the ranks."""
+    return {"nodes": env.nnodes, "procs_per_node": env.local_world_size, "cluster_source": env.cluster_source}
 
 
 def env_summary(env: DistEnv) -> dict:
