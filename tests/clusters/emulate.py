@@ -16,6 +16,7 @@ from pathlib import Path
 
 from clitools import REPO
 
+SCRIPT = REPO / "tests" / "runapi" / "parity_script.py"  # mlp on digits, 8 steps; rank 0 saves the weights
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID")
 
@@ -98,3 +99,13 @@ def srun_cyclic_env(job: str, nodes: int, tasks_per_node: int, procid: int) -> d
     env.update({"SLURM_NODEID": str(procid % nodes), "SLURM_LOCALID": str(procid // nodes),
                 "SLURMD_NODENAME": f"127.0.0.{procid % nodes + 1}"})
     return env
+
+
+def assert_same_weights(path: Path, want: dict) -> None:
+    """The state dict saved at ``path`` equals ``want`` bit for bit."""
+    import torch
+
+    got = torch.load(path, weights_only=True)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), f"{k} differs from the plain launch"

@@ -7,11 +7,8 @@ import json
 import pytest
 import torch
 
-from clitools import REPO
-from emulate import slurm_job_for_free_port, spawn, srun_cyclic_env, wait_all
+from emulate import SCRIPT, slurm_job_for_free_port, spawn, srun_cyclic_env, wait_all
 from test_ddp_parity import ATOL, RTOL, reference_weights
-
-SCRIPT = REPO / "tests" / "runapi" / "parity_script.py"  # batch 8 per rank, 8 steps, rank 0 saves the weights
 
 
 @pytest.mark.dist

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 
-from clitools import REPO, run_cli
-from emulate import free_port, pet_env, script_command, slurm_job_for_free_port, spawn, srun_env, wait_all
+from clitools import run_cli
+from emulate import (SCRIPT, assert_same_weights, free_port, pet_env, script_command, slurm_job_for_free_port, spawn,
+                     srun_env, wait_all)
 
-SCRIPT = REPO / "tests" / "runapi" / "parity_script.py"  # mlp on digits, 8 steps; rank 0 saves the weights
 pytestmark = [pytest.mark.dist]
-
-
-@pytest.fixture(scope="module")
-def plain_launch(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The weights of a plain 2-process launch on this node."""
-    out = tmp_path_factory.mktemp("plain") / "w.pt"
-    r = run_cli(["launch", "--nproc-per-node", "2", str(SCRIPT), str(out)], timeout=120, env={"OMP_NUM_THREADS": "1"})
-    assert r.rc == 0, r.text
-    return torch.load(out, weights_only=True)
-
-
-def assert_same_weights(path: Path, want: dict[str, torch.Tensor]) -> None:
-    got = torch.load(path, weights_only=True)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{k} differs from the plain launch"
 
 
 @pytest.mark.timeout(150)

@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--master-port", type=int, metavar="P", help="port on node 0 (static rendezvous)")
     p.add_argument("--rdzv-endpoint", metavar="H:P", help="c10d rendezvous endpoint (elastic jobs)")
     p.add_argument("--rdzv-id", default="trainscale", help="job id shared by all nodes of a c10d rendezvous")
+    p.add_argument("--rdzv-conf", default="", metavar="K=V,...",
+                   help="torchrun's c10d rendezvous settings, e.g. keep_alive_interval=1,keep_alive_max_attempt=3 "
+                        "(a dead node leaves the rendezvous after interval x attempts seconds; default 5 x 3)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K", help="restart the workers up to K times")
     p.add_argument("--threads", type=int, default=0, metavar="T",
                    help="intra-op threads per rank (default: cores / processes on this node)")
@@ -48,7 +51,8 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--nproc-per-node", a.nproc_per_node, "must be >= 1")
     spec = LaunchSpec(script=a.script, args=a.args, nproc_per_node=a.nproc_per_node or 0, nnodes=a.nnodes,
                       node_rank=a.node_rank, master_addr=a.master_addr, master_port=a.master_port,
-                      rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id, max_restarts=a.max_restarts,
+                      rdzv_endpoint=a.rdzv_endpoint, rdzv_id=a.rdzv_id, rdzv_conf=a.rdzv_conf,
+                      max_restarts=a.max_restarts,
                       threads=a.threads, module=a.module)
     spec.validate()  # bad input answered before torch is imported
     if a.slurm:

@@ -109,6 +109,7 @@ def init_distributed(job: JobConfig) -> DistEnv:
         if launched:
             dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
                                     **_attempt_store(rank, world, timeout))
+            _agree_attempt(device if backend == "nccl" else torch.device("cpu"))
         else:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -132,6 +133,20 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
     base = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
                          is_master=False, timeout=timeout)
     return {"store": dist.PrefixStore(f"trainscale/attempt_{attempt}", base), "rank": rank, "world_size": world}
+
+
+def _agree_attempt(device: torch.device) -> None:
+    """Every rank takes the job's highest restart count as its own (a collective, once per attempt).
+
+    torchrun counts restarts per agent: a node's launcher that was brought back after its node died starts
+    again at 0 while the survivors' agents count 1. The run's resume decision, its watchdog and store keys
+    and the summary's ``restarts`` read ``TORCHELASTIC_RESTART_COUNT``, so they must all see one number.
+    """
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return
+    count = torch.tensor([int(os.environ["TORCHELASTIC_RESTART_COUNT"])], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(count.item()))  # sync point: once, before the first step
 
 
 def gather_env_rows(env: DistEnv) -> list[dict]:

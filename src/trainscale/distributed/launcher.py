@@ -47,6 +47,7 @@ class LaunchSpec:
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str = "trainscale"
+    rdzv_conf: str = ""  # torchrun's --rdzv-conf, e.g. keep_alive_interval=1 (a dead node is noticed sooner)
     max_restarts: int = 0
     shutdown_timeout: int = 30  # after a signal to the launcher, seconds the ranks get to exit before SIGKILL
     threads: int = 0
@@ -84,6 +85,7 @@ class LaunchSpec:
                 f"--max-restarts={self.max_restarts}", f"--shutdown-timeout={self.shutdown_timeout}"]
         if self.rdzv_endpoint:
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+            argv += [f"--rdzv-conf={self.rdzv_conf}"] if self.rdzv_conf else []
         elif self.master_addr or self.master_port or self.max_nodes > 1:
             argv += [f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr or '127.0.0.1'}",
                      f"--master-port={self.master_port or 29500}"]
@@ -115,6 +117,11 @@ def launch(spec: LaunchSpec) -> None:
         print_env_table(_expected_rows(spec, threads), world=_world_text(spec), nodes=spec.nnodes,
                         master=_master_text(spec), backend=_expected_backend(spec.nproc_per_node),
                         source=cluster.describe())
+    if spec.rdzv_endpoint:
+        # Each rendezvous round gets a store of its own (hosted by its rank 0), not the agent's shared one that
+        # outlives rounds: a node's launcher brought back counts its attempts from 0 again, so no attempt
+        # prefix can keep a round's keys apart from the previous round's there.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     args = parse_args(spec.torchrun_argv())
     # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
     # abbreviation of its own --nproc-per-node.
