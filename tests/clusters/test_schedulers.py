@@ -28,7 +28,7 @@ def test_the_sbatch_script_trains_like_a_plain_launch_under_srun_variables(tmp_p
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("scheduler", ["slurm", "pytorchjob"])
+@pytest.mark.parametrize("scheduler", ["slurm", pytest.param("pytorchjob", marks=pytest.mark.slow)])
 def test_scheduler_tasks_as_ranks_train_like_a_plain_launch(tmp_path, plain_launch, scheduler):
     """Each task runs ``python SCRIPT`` (srun --ntasks-per-node 1; a PyTorchJob with one process per pod)."""
     out = tmp_path / "w.pt"
