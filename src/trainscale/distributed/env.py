@@ -14,7 +14,7 @@ from ..about import available_cores
 from ..config import ConfigError, JobConfig
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
-           "gather_env_rows", "is_launched", "shutdown"]
+           "gather_env_rows", "is_launched", "shutdown", "node_members", "cluster_fields"]
 
 
 @dataclass
@@ -31,6 +31,8 @@ class DistEnv:
     backend: str
     master: str
     threads: int
+    cluster: str = "single (no launcher or scheduler variables)"  # the resolver's source and why (env table)
+    cluster_source: str = "single"  # torchrun | slurm | kubeflow | pytorchjob | single
 
     @property
     def is_main(self) -> bool:
@@ -77,7 +79,16 @@ def resolve_backend(choice: str, device: torch.device, local_processes: int = 1,
 
 
 def init_distributed(job: JobConfig) -> DistEnv:
-    """Join the job's process group (or make a one-rank group when not launched) and pin the device."""
+    """Join the job's process group (or make a one-rank group when not launched) and pin the device.
+
+    Where the process stands comes from ``cluster.resolve``: torchrun's variables, else a scheduler's (an srun
+    task, a Kubeflow or PyTorchJob pod), exported as torchrun would set them, so every later reader agrees.
+    """
+    from .cluster import resolve
+
+    cluster = resolve(role="rank")
+    if cluster.source != "torchrun" and not dist.is_initialized():
+        os.environ.update(cluster.rank_env())
     launched = is_launched()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -98,14 +109,16 @@ def init_distributed(job: JobConfig) -> DistEnv:
         if launched:
             dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
                                     **_attempt_store(rank, world, timeout))
+            _agree_attempt(device if backend == "nccl" else torch.device("cpu"))
         else:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     master = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '-')}" if launched else "-"
-    nnodes = max(1, world // max(1, local_world))
+    nnodes = int(os.environ.get("GROUP_WORLD_SIZE", 0)) or max(1, world // max(1, local_world))
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                    node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
-                   device=device, backend=backend, master=master, threads=threads)
+                   device=device, backend=backend, master=master, threads=threads, cluster=cluster.describe(),
+                   cluster_source=cluster.source)
 
 
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
@@ -122,6 +135,20 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:
     return {"store": dist.PrefixStore(f"trainscale/attempt_{attempt}", base), "rank": rank, "world_size": world}
 
 
+def _agree_attempt(device: torch.device) -> None:
+    """Every rank takes the job's highest restart count as its own (a collective, once per attempt).
+
+    torchrun counts restarts per agent: a node's launcher that was brought back after its node died starts
+    again at 0 while the survivors' agents count 1. The run's resume decision, its watchdog and store keys
+    and the summary's ``restarts`` read ``TORCHELASTIC_RESTART_COUNT``, so they must all see one number.
+    """
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return
+    count = torch.tensor([int(os.environ["TORCHELASTIC_RESTART_COUNT"])], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(count.item()))  # sync point: once, before the first step
+
+
 def gather_env_rows(env: DistEnv) -> list[dict]:
     """Every rank's facts, gathered to all ranks (a collective: call it on every rank)."""
     row = {"rank": env.rank, "local_rank": env.local_rank, "node": env.node_rank, "host": socket.gethostname(),
@@ -131,10 +158,22 @@ def gather_env_rows(env: DistEnv) -> list[dict]:
     return rows
 
 
+def node_members(env: DistEnv) -> list[list[int]]:
+    """Each node's ranks, in node order, from every rank's node (GROUP_RANK, SLURM_NODEID ...; a collective)."""
+    nodes: list[int] = [0] * env.world_size
+    dist.all_gather_object(nodes, env.node_rank)
+    return [[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))]
+
+
 def shutdown() -> None:
     """Leave the process group if one is open."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def cluster_fields(env: DistEnv) -> dict:
+    """The run summary's node fields: nodes, processes per node (rank 0's node), and who placed the ranks."""
+    return {"nodes": env.nnodes, "procs_per_node": env.local_world_size, "cluster_source": env.cluster_source}
 
 
 def env_summary(env: DistEnv) -> dict:

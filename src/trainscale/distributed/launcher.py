@@ -10,15 +10,16 @@ import os
 import shutil
 import signal
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..config import ConfigError
+from .cluster import Cluster, resolve
 from .table import print_env_table
 
 PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.preempt.EXIT_PREEMPTED)
 
-__all__ = ["LaunchSpec", "launch", "LaunchFailed", "Preempted"]
+__all__ = ["LaunchSpec", "launch", "LaunchFailed", "Preempted", "with_cluster"]
 
 
 class LaunchFailed(RuntimeError):
@@ -39,13 +40,14 @@ class LaunchSpec:
 
     script: str
     args: list[str] = field(default_factory=list)
-    nproc_per_node: int = 1
+    nproc_per_node: int = 1  # 0: what the scheduler asks for (Kubeflow's PET_NPROC_PER_NODE), else 1
     nnodes: str = "1"
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str = "trainscale"
+    rdzv_conf: str = ""  # torchrun's --rdzv-conf, e.g. keep_alive_interval=1 (a dead node is noticed sooner)
     max_restarts: int = 0
     shutdown_timeout: int = 30  # after a signal to the launcher, seconds the ranks get to exit before SIGKILL
     threads: int = 0
@@ -54,7 +56,7 @@ class LaunchSpec:
 
     def validate(self) -> None:
         """Refuse what torchrun would fail on later, with one clear line."""
-        if self.nproc_per_node < 1:
+        if self.nproc_per_node < 0:
             raise ConfigError("--nproc-per-node", self.nproc_per_node, "must be >= 1")
         lo, _, hi = self.nnodes.partition(":")
         if not (lo.isdigit() and (not hi or hi.isdigit())) or int(lo) < 1 or (hi and int(hi) < int(lo)):
@@ -69,6 +71,11 @@ class LaunchSpec:
             raise ConfigError("SCRIPT", self.script, "no such file (give a Python script, or -m MODULE)")
 
     @property
+    def node_options_given(self) -> bool:
+        """True when the command line placed this node (then the scheduler's variables are not read)."""
+        return bool(self.nnodes != "1" or self.node_rank or self.master_addr or self.master_port or self.rdzv_endpoint)
+
+    @property
     def max_nodes(self) -> int:
         return int(self.nnodes.split(":")[-1])
 
@@ -78,6 +85,7 @@ class LaunchSpec:
                 f"--max-restarts={self.max_restarts}", f"--shutdown-timeout={self.shutdown_timeout}"]
         if self.rdzv_endpoint:
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+            argv += [f"--rdzv-conf={self.rdzv_conf}"] if self.rdzv_conf else []
         elif self.master_addr or self.master_port or self.max_nodes > 1:
             argv += [f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr or '127.0.0.1'}",
                      f"--master-port={self.master_port or 29500}"]
@@ -99,6 +107,7 @@ def launch(spec: LaunchSpec) -> None:
 
     from .env import default_threads
 
+    spec, cluster = with_cluster(spec)
     spec.validate()
     threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(spec.nproc_per_node)
     # torchrun would otherwise force OMP_NUM_THREADS=1 on every rank (the num_threads question of PaddlePaddle's tuning guide).
@@ -106,7 +115,13 @@ def launch(spec: LaunchSpec) -> None:
     if spec.print_table and spec.node_rank == 0:
         os.environ["TRAINSCALE_TABLE_PRINTED"] = "1"  # the ranks need not print it again
         print_env_table(_expected_rows(spec, threads), world=_world_text(spec), nodes=spec.nnodes,
-                        master=_master_text(spec), backend=_expected_backend(spec.nproc_per_node))
+                        master=_master_text(spec), backend=_expected_backend(spec.nproc_per_node),
+                        source=cluster.describe())
+    if spec.rdzv_endpoint:
+        # Each rendezvous round gets a store of its own (hosted by its rank 0), not the agent's shared one that
+        # outlives rounds: a node's launcher brought back counts its attempts from 0 again, so no attempt
+        # prefix can keep a round's keys apart from the previous round's there.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     args = parse_args(spec.torchrun_argv())
     # Attached after parsing: torchrun's argparse would take a script option such as --nproc for an
     # abbreviation of its own --nproc-per-node.
@@ -127,6 +142,37 @@ def launch(spec: LaunchSpec) -> None:
         raise Preempted("the launcher got SIGTERM") from None
     finally:
         shutil.rmtree(args.log_dir, ignore_errors=True)
+
+
+def with_cluster(spec: LaunchSpec, environ: dict[str, str] | None = None) -> tuple[LaunchSpec, Cluster]:
+    """``spec`` placed by the scheduler (SLURM, Kubeflow, PyTorchJob) unless its command line placed it.
+
+    Example::
+
+        spec, cluster = with_cluster(LaunchSpec("train.py", nproc_per_node=4))  # under srun: nodes from SLURM_*
+    """
+    if spec.node_options_given:
+        how = f"--nnodes {spec.nnodes}" + (f", --rdzv-endpoint {spec.rdzv_endpoint}" if spec.rdzv_endpoint else
+                                           f", --node-rank {spec.node_rank}")
+        return replace(spec, nproc_per_node=spec.nproc_per_node or 1), Cluster("command line", how, spec.nnodes,
+                                                                             spec.node_rank, spec.master_addr,
+                                                                             spec.master_port)
+    c = resolve(environ, role="launcher")
+    nproc = spec.nproc_per_node or c.nproc_per_node or (_auto_nproc() if c.source == "kubeflow" else 1)
+    if not c.multi_node:
+        return replace(spec, nproc_per_node=nproc), c
+    if ":" in c.nnodes and len(set(c.nnodes.split(":"))) > 1:  # elastic: torchrun needs a c10d rendezvous
+        endpoint = (environ or os.environ).get("PET_RDZV_ENDPOINT") or f"{c.master_addr}:{c.master_port}"
+        return replace(spec, nproc_per_node=nproc, nnodes=c.nnodes, rdzv_endpoint=endpoint), c
+    return replace(spec, nproc_per_node=nproc, nnodes=c.nnodes, node_rank=c.node_rank, master_addr=c.master_addr,
+                   master_port=c.master_port), c
+
+
+def _auto_nproc() -> int:
+    """torchrun's ``--nproc-per-node auto``: one process per accelerator, else per CPU."""
+    import torch
+
+    return torch.cuda.device_count() or os.cpu_count() or 1
 
 
 def _expected_backend(local_processes: int) -> str:

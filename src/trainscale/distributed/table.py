@@ -10,11 +10,14 @@ from rich.table import Table
 __all__ = ["print_env_table"]
 
 
-def print_env_table(rows: list[dict], *, world: str, nodes: str, master: str, backend: str) -> None:
-    """Print world size, nodes, master endpoint, backend, and one line per rank on stderr."""
+def print_env_table(rows: list[dict], *, world: str, nodes: str, master: str, backend: str,
+                    source: str | None = None) -> None:
+    """Print world size, nodes, master endpoint, backend, where they came from, and one line per rank on stderr."""
     console = Console(file=sys.stderr, width=120)
     console.print(f"[bold]Distributed environment[/]  world size {world} | nodes {nodes} | master {master} | "
                   f"backend {backend}", highlight=False)
+    if source:
+        console.print(f"cluster: {source}", highlight=False, markup=False)
     table = Table()
     # stage and replica: a pipeline's layout (rank r runs stage r % S of replica r // S)
     cols = ("rank", "local_rank", "node", "device", "threads", *(k for k in ("stage", "replica") if rows and k in rows[0]))

@@ -16,8 +16,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..config import StrategyConfig
+from ..config import ConfigError, StrategyConfig
 from ..distributed import DistEnv
+from ..distributed.env import node_members
 from ..log import logger
 from .checks import node_size
 from .comm import CommMeter
@@ -47,15 +48,30 @@ class NodeGroups:
         self.local_size, self.nnodes = local_size, nnodes
 
 
-def node_groups(world: int, local_size: int) -> NodeGroups:
-    """Build node and cross groups for nodes of ``local_size`` consecutive ranks (collective: call on every rank)."""
-    nnodes = world // local_size
-    nodes = [list(range(n * local_size, (n + 1) * local_size)) for n in range(nnodes)]
+def node_groups(world: int, local_size: int, members: list[list[int]] | None = None) -> NodeGroups:
+    """Build node and cross groups (collective: call on every rank).
+
+    ``members``: each node's ranks as the launcher placed them (``node_members``); None: nodes of ``local_size``
+    consecutive ranks (``strategy.local_size``, which emulates nodes on one machine).
+    """
+    nodes = members or [list(range(n * local_size, (n + 1) * local_size)) for n in range(world // local_size)]
     # new_subgroups_by_enumeration creates every group on every rank, in the same order, as new_group requires.
     local, _ = dist.new_subgroups_by_enumeration(nodes)
     local_gather, _ = dist.new_subgroups_by_enumeration(nodes)
-    cross, _ = dist.new_subgroups_by_enumeration([list(range(lr, world, local_size)) for lr in range(local_size)])
-    return NodeGroups(local, local_gather, cross, local_size, nnodes)
+    cross, _ = dist.new_subgroups_by_enumeration([[node[i] for node in nodes] for i in range(local_size)])
+    return NodeGroups(local, local_gather, cross, local_size, len(nodes))
+
+
+def _node_layout(env: DistEnv, cfg: StrategyConfig) -> tuple[int, list[list[int]] | None]:
+    """(processes per node, each node's ranks): ``strategy.local_size`` when set, else the launcher's nodes."""
+    if cfg.local_size:
+        return node_size(cfg, env.world_size, env.local_world_size), None
+    members = node_members(env)
+    sizes = sorted({len(m) for m in members})
+    if len(sizes) > 1:
+        raise ConfigError("strategy.hierarchical", True, f"needs nodes of equal size; the launcher's nodes have "
+                          f"{', '.join(str(len(m)) for m in members)} processes; set strategy.local_size")
+    return sizes[0], members
 
 
 def _tensor_future(work: dist.Work) -> torch.futures.Future[torch.Tensor]:
@@ -226,9 +242,11 @@ class CommHooks:
         world = env.world_size
         k = cfg.comm_groups
         if cfg.hierarchical:
-            ls = node_size(cfg, world, env.local_world_size)
-            self.hier = [node_groups(world, ls) for _ in range(k)]
+            ls, members = _node_layout(env, cfg)
+            self.hier = [node_groups(world, ls, members) for _ in range(k)]
             self.nodes = self.hier[0]
+            layout = " ".join(map(str, members)) if members else f"{ls} consecutive ranks each (strategy.local_size)"
+            logger.info(f"hierarchical all-reduce over {world // ls} node(s): {layout}")
             if ls in (1, world):
                 logger.info(f"hierarchical all-reduce with {world // ls} node(s) of {ls}: one level does all the work")
         elif k > 1:

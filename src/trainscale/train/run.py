@@ -152,7 +152,7 @@ class Run:
         self.guard.start()  # every rank has published its first beat before that collective
         if self.is_main and (st.pipelined or not os.environ.get("TRAINSCALE_TABLE_PRINTED")):
             print_env_table(rows, world=str(self.env.world_size), nodes=str(self.env.nnodes), master=self.env.master,
-                            backend=self.env.backend)
+                            backend=self.env.backend, source=self.env.cluster)
         # Each rank its own stream of randomness from here (dropout, augmentation), reproducible from the seed.
         seed = self.cfg.job.seed * 1000 + self.env.rank
         torch.manual_seed(seed)

@@ -19,6 +19,7 @@ from ..about import versions
 from ..config import Config, config_to_dict
 from ..data import data_wait_advice
 from ..distributed import DistEnv
+from ..distributed.env import cluster_fields
 from ..log import logger
 from ..strategies import Strategy
 from .instruments import Instruments, merge_phase_stats, write_trace
@@ -65,7 +66,8 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
     eval_loss, eval_acc, eval_n = rec.eval_result
     out: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "versions": versions(), "started_at": rec.started_at,
-        "host": socket.gethostname(), "world_size": env.world_size, "backend": env.backend, "device": env.device.type,
+        "host": socket.gethostname(), "world_size": env.world_size, **cluster_fields(env),
+        "backend": env.backend, "device": env.device.type,
         "model": type(st.module).__name__, "data": "user",
         "batch_size": loader.batch_size if loader else cfg.data.batch_size, "grad_accum": cfg.strategy.grad_accum,
         "global_batch": rec.global_batch, "steps": rec.steps, "measured_steps": len(ins.step_times),
