@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from emulate import SCRIPT
 
 from clitools import run_cli
-from emulate import SCRIPT
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
-
 from agents import first_step_after, start_node, wait_for_file, wait_nodes
-from clitools import FAST, run_cli
 from emulate import SCRIPT, assert_same_weights, free_port
+
+from clitools import FAST, run_cli
 
 pytestmark = [pytest.mark.dist]
 

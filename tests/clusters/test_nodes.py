@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from emulate import SCRIPT, slurm_job_for_free_port, spawn, srun_cyclic_env, wait_all
+
 from test_ddp_parity import ATOL, RTOL, reference_weights
 
 

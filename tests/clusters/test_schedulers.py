@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from emulate import (
+    SCRIPT,
+    assert_same_weights,
+    free_port,
+    pet_env,
+    script_command,
+    slurm_job_for_free_port,
+    spawn,
+    srun_env,
+    wait_all,
+)
 
 from clitools import run_cli
-from emulate import (SCRIPT, assert_same_weights, free_port, pet_env, script_command, slurm_job_for_free_port, spawn,
-                     srun_env, wait_all)
 
 pytestmark = [pytest.mark.dist]
 

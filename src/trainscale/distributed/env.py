@@ -6,6 +6,7 @@ import datetime
 import os
 import socket
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -171,7 +172,7 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def cluster_fields(env: DistEnv) -> dict:
+def cluster_fields(env: DistEnv) -> dict[str, Any]:
     """The run summary's node fields: nodes, processes per node (rank 0's node), and who placed the ranks."""
     return {"nodes": env.nnodes, "procs_per_node": env.local_world_size, "cluster_source": env.cluster_source}
 
