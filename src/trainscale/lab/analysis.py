@@ -357,7 +357,8 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, mi
             "statistics": {"method": "bootstrap over whole cycles of phases" if boot else "normal-theory spread",
                            "replicates": replicates if boot else 0, "level": 0.90,
                            "outlier_steps": outlier_count(runs)},
-              "bottleneck": bottleneck(runs[("base", n)], runs.get(("base", 1), []), n, ctx)}
+              "bottleneck": bottleneck(runs[("base", n)], runs.get(("base", 1), []), n, ctx,
+                                       runs.get(("no_data", n)), runs.get(("no_data", 1)))}
     explain_rest(result)
     result["invariants"] = violations(result)
     return result

@@ -18,9 +18,11 @@ holds stays in ``compute`` (``communication`` when the exchange wait itself is m
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from ..config import STEP_ROW
+from .stats import job_step_time
 from .suggest import suggest
 
 __all__ = ["PARTS", "step_shares", "bottleneck"]
@@ -98,25 +100,61 @@ def _mean_shares(parts: list[dict[str, Any]]) -> tuple[dict[str, float], list[st
     return shares, missing, info
 
 
-def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: int, ctx: dict[str, Any]
+def _input_by_experiment(shares: dict[str, float], base: list[dict[str, Any]], no_data: list[dict[str, Any]]
+                         ) -> float:
+    """Raise the input share to what removing the input saves (base against no_data, paired), taken from compute.
+
+    The wait in ``next()`` misses input work that runs beside the step but holds what the step needs: a loader
+    thread whose Python collate holds the interpreter lock stalls the training loop inside forward and backward,
+    not in ``next()``. The paired experiment sees it. Returns that saving as a share of the step (NaN without it).
+    """
+    pairs = [(job_step_time(b), job_step_time(d)) for b, d in zip(base, no_data)]
+    saved = [(b - d) / b for b, d in pairs if math.isfinite(b) and math.isfinite(d) and b > 0]
+    if not saved:
+        return float("nan")
+    by_experiment = min(max(0.0, statistics.median(saved)), 1.0)
+    extra = min(max(0.0, by_experiment - shares["input"]), shares["compute"])
+    shares["input"] += extra
+    shares["compute"] -= extra
+    return by_experiment
+
+
+def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: int, ctx: dict[str, Any],
+               no_data_n: list[dict[str, Any]] | None = None, no_data_1: list[dict[str, Any]] | None = None
                ) -> dict[str, Any]:
     """The ``bottleneck`` object of ``doctor.json``: the largest part of the N-process step, with its advice.
 
-    ``base_n``/``base_1``: the base phase's summary part of each repeat at N and at 1 process (with ``rank_steps``).
+    ``base_n``/``base_1``: the base phase's summary part of each repeat at N and at 1 process (with ``rank_steps``);
+    ``no_data_*``: the same runs' no_data phase, whose saving bounds the input share from below.
     """
     shares, unmeasured, info = _mean_shares(base_n)
+    waited = shares.get("input", float("nan"))
+    saved = _input_by_experiment(shares, base_n, no_data_n) if no_data_n and info["steps"] else float("nan")
     if not info["steps"]:
         return {"name": None, "share": float("nan"), "nproc": n, "shares": {}, "shares_at_1": {},
                 "unmeasured": list(PARTS), "evidence": "no per-step rows in these runs", "advice": "",
                 "apply_flags": {}}
     at_1 = _mean_shares(base_1)[0] if base_1 else {}
+    if at_1 and no_data_1:
+        _input_by_experiment(at_1, base_1, no_data_1)
     name = max(PARTS, key=lambda k: shares[k] if math.isfinite(shares[k]) else -1.0)
     advice, flags = _advice(name, shares, info, n, ctx)
     pct = ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items() if math.isfinite(v))
     at1 = f" (at 1 process: {at_1[name]:.0%})" if at_1 and math.isfinite(at_1.get(name, math.nan)) else ""
     return {"name": name, "share": shares[name], "nproc": n, "shares": shares, "shares_at_1": at_1,
             "unmeasured": unmeasured, "step_s": info["step_s"], "last_arrivals": info["last_arrivals"],
-            "evidence": f"of each {n}-process step: {pct}{at1}", "advice": advice, "apply_flags": flags}
+            "input_waited_share": waited, "input_saved_share": saved,
+            "evidence": f"of each {n}-process step: {pct}{at1}" + _input_note(waited, saved),
+            "advice": advice, "apply_flags": flags}
+
+
+def _input_note(waited: float, saved: float) -> str:
+    """Why the input share exceeds the wait for the next batch, when it does."""
+    if not (math.isfinite(saved) and math.isfinite(waited)) or saved < waited + 0.05:
+        return ""
+    return (f"; the job waited for its next batch {waited:.0%} of the step, but keeping one batch on the device "
+            f"made the step {saved:.0%} shorter: loading work beside the step (a Python collate in the loader's "
+            "thread holds the interpreter lock the training loop needs) costs more than the wait shows")
 
 
 def _advice(name: str, shares: dict[str, float], info: dict[str, Any], n: int, ctx: dict[str, Any]

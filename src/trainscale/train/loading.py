@@ -26,14 +26,15 @@ def make_loader(cfg: Config, data: Any, info: DataInfo | None, device: torch.dev
     """This rank's shard of ``data``, prefetched to ``device``.
 
     A DataLoader's batch size, workers, collate_fn and shuffling are kept (its sampler is replaced by one that
-    shards across ranks); a Dataset gets the ``data`` section's. ``info``: built-in image data, decoded by the
+    shards across ranks; ``data.workers`` applies when it has none); a Dataset gets the ``data`` section's. ``info``: built-in image data, decoded by the
     configured loader (DALI too) and normalised on the device.
     """
     d = cfg.data
     kw: dict[str, Any] = {"batch_size": d.batch_size, "workers": d.workers, "collate": None, "shuffle": d.shuffle}
     if isinstance(data, DataLoader):
         collate = None if data.collate_fn is default_collate else data.collate_fn
-        kw = {"batch_size": data.batch_size or d.batch_size, "workers": data.num_workers, "collate": collate,
+        # data.workers can raise a DataLoader's worker count (the doctor's advice for a slow collate, and --apply).
+        kw = {"batch_size": data.batch_size or d.batch_size, "workers": data.num_workers or d.workers, "collate": collate,
               "shuffle": not isinstance(data.sampler, SequentialSampler)}
         data = data.dataset
     if not isinstance(data, Dataset) and not hasattr(data, "__getitem__"):
