@@ -69,11 +69,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--slow-input-ms", type=float, default=0.0,
                    help="planted fault: a disk shared by this machine's processes, this slow per sample read")
-    args = p.parse_args()
+    args, config = p.parse_known_args()  # the rest: --section.field VALUE for the run
 
     text = corpus()
     vocab = {c: i for i, c in enumerate(sorted(set(text)))}
-    run = trainscale.init()
+    run = trainscale.init(args=config)
     model = CharGRU(len(vocab))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = Windows(text, vocab, args.length)
