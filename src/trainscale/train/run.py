@@ -348,6 +348,9 @@ class Run:
         from .evaluate import evaluate_batches, shard_batches
         st = self._need_prepared("evaluate")[0]
         st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
+        if st.averaging is not None and not self._loop["ended"]:
+            logger.warning("run.evaluate under local SGD before run.end_training(): each rank evaluates its own "
+                           "replica, not their average; call run.end_training() first for the model you keep")
         self.guard.mark("evaluate", self.step_count)
         if batches is None:
             batches = shard_batches(data, batch_size or self.cfg.data.batch_size, self.env.rank, self.env.world_size,
@@ -364,7 +367,9 @@ class Run:
         with ``checkpoint.async_save``). When complete, the folder's ``latest`` pointer names it. A folder
         that is unwritable or full raises CheckpointWriteError on every rank; the previous checkpoint stays.
         """
-        self._need_checkpointer("save").save(path, self.step_count, extra)
+        ck = self._need_checkpointer("save")
+        with self.untimed():  # writing is not step time, whoever calls it
+            ck.save(path, self.step_count, extra)
 
     def checkpoint(self, final: bool = False, force: bool = False) -> None:
         """The periodic checkpoint into ``checkpoint.dir`` when ``checkpoint.every`` asks for one (collective).
