@@ -348,7 +348,8 @@ class Run:
         from .evaluate import evaluate_batches, shard_batches
         st = self._need_prepared("evaluate")[0]
         st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
-        if st.averaging is not None and not self._loop["ended"]:
+        if st.averaging is not None and not self._loop["ended"] and not self._loop.get("warned_eval"):
+            self._loop["warned_eval"] = True
             logger.warning("run.evaluate under local SGD before run.end_training(): each rank evaluates its own "
                            "replica, not their average; call run.end_training() first for the model you keep")
         self.guard.mark("evaluate", self.step_count)
