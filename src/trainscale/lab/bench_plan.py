@@ -54,6 +54,6 @@ class BenchPlan:
     def run_args(self, user: list[str], nproc: int) -> list[str]:
         """The train options of a run at ``nproc`` per node: the user's, the strong-scaling batch, a timeline."""
         batch = [] if self.scaling == "weak" else [
-            "--data.batch_size", str(self.batch_size * self.nprocs[0] // self.world(nproc))]
+            "--data.batch_size", str(self.global_batch // self.world(nproc))]
         # --timeline costs two clock reads a step; its trace is the report's timeline picture.
         return [*user, *batch, "--timeline"]
