@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -84,40 +84,15 @@ def pack_folder(src: str, dst: str, size: int, shard_mb: float = 256.0, workers:
     tmp.mkdir(parents=True)
     t0 = time.perf_counter()
     try:
-        shards: list[dict[str, Any]] = []
-        index: list[tuple[int, int]] = []
-        skipped: list[str] = []
-        f, h, n_in = None, None, 0
-        for i, (rec, why) in enumerate(_records(paths, size, decoder, workers)):
-            if rec is None:
-                name = paths[i].decode()
-                if on_error == "raise":
-                    raise ConfigError("SRC", name, f"unreadable image ({why}); --on-error skip leaves such files out")
-                logger.warning(f"skipped unreadable image {name}: {why}")
-                skipped.append(name)
-                continue
-            if f is None:
-                fname = f"shard_{len(shards):05d}.bin"
-                f, h, n_in = open(tmp / fname, "wb"), hashlib.sha256(), 0
-                shards.append({"file": fname})
-            f.write(rec)
-            h.update(rec)  # type: ignore[union-attr]
-            index.append((int(labels[i]), zlib.crc32(rec)))
-            n_in += 1
-            if n_in == per_shard:
-                shards[-1].update(records=n_in, bytes=n_in * rec_bytes, sha256=h.hexdigest())  # type: ignore[union-attr]
-                f.close()
-                f = None
-        if f is not None:
-            shards[-1].update(records=n_in, bytes=n_in * rec_bytes, sha256=h.hexdigest())  # type: ignore[union-attr]
-            f.close()
+        writer = _ShardWriter(tmp, per_shard, rec_bytes)
+        index, skipped = _write_records(writer, paths, labels, _records(paths, size, decoder, workers), on_error)
         if not index:
             raise ConfigError("SRC", src, "no readable image: nothing to pack")
         np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
         meta = {"format": FORMAT, "version": VERSION, "size": size, "channels": 3, "layout": "HWC",
                 "records": len(index), "per_shard": per_shard, "record_bytes": rec_bytes, "classes": classes,
                 "source": str(Path(src).resolve()), "skipped": len(skipped), "skipped_files": skipped[:100],
-                "decoder": decoder, "shards": shards,
+                "decoder": decoder, "shards": writer.shards,
                 "index_sha256": hashlib.sha256((tmp / "index.npy").read_bytes()).hexdigest(),
                 "pack_s": round(time.perf_counter() - t0, 2)}
         (tmp / "pack.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -127,6 +102,59 @@ def pack_folder(src: str, dst: str, size: int, shard_mb: float = 256.0, workers:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def _write_records(writer: _ShardWriter, paths: np.ndarray, labels: np.ndarray,
+                   records: Iterator[tuple[bytes | None, str]], on_error: str
+                   ) -> tuple[list[tuple[int, int]], list[str]]:
+    """Write each decoded record in order; (label and CRC-32 of each one written, the files skipped)."""
+    index: list[tuple[int, int]] = []
+    skipped: list[str] = []
+    try:
+        for i, (rec, why) in enumerate(records):
+            if rec is None:
+                name = paths[i].decode()
+                if on_error == "raise":
+                    raise ConfigError("SRC", name, f"unreadable image ({why}); --on-error skip leaves such files out")
+                logger.warning(f"skipped unreadable image {name}: {why}")
+                skipped.append(name)
+                continue
+            writer.write(rec)
+            index.append((int(labels[i]), zlib.crc32(rec)))
+    finally:
+        writer.close()
+    return index, skipped
+
+
+class _ShardWriter:
+    """Appends records to shard files of ``per_shard`` records each, noting each shard's length and SHA-256."""
+
+    def __init__(self, folder: Path, per_shard: int, rec_bytes: int):
+        self.folder, self.per_shard, self.rec_bytes = folder, per_shard, rec_bytes
+        self.shards: list[dict[str, Any]] = []
+        self._file: BinaryIO | None = None
+        self._hash = hashlib.sha256()
+        self._count = 0
+
+    def write(self, rec: bytes) -> None:
+        """Append one record, opening the next shard first and closing it once full."""
+        if self._file is None:
+            name = f"shard_{len(self.shards):05d}.bin"
+            self._file, self._hash, self._count = open(self.folder / name, "wb"), hashlib.sha256(), 0
+            self.shards.append({"file": name})
+        self._file.write(rec)
+        self._hash.update(rec)
+        self._count += 1
+        if self._count == self.per_shard:
+            self.close()
+
+    def close(self) -> None:
+        """Close the open shard, if any, with its record count, bytes and SHA-256."""
+        if self._file is None:
+            return
+        self.shards[-1].update(records=self._count, bytes=self._count * self.rec_bytes, sha256=self._hash.hexdigest())
+        self._file.close()
+        self._file = None
 
 
 class Pack:

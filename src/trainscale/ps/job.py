@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, PsConfig
 from ..log import logger
 from .data import TrainArrays
 from .delays import parse_delay
@@ -71,6 +71,7 @@ def preflight(cfg: Config) -> Plan:
 
 
 def _learner_spec(plan: Plan, rank: int) -> dict[str, Any]:
+    """What learner ``rank`` needs to build its model and its share of the data."""
     cfg = plan.cfg
     return {"model": cfg.model.name, "width": cfg.model.width, "depth": cfg.model.depth,
             "in_shape": list(plan.info.in_shape), "num_classes": plan.info.num_classes,
@@ -81,6 +82,7 @@ def _learner_spec(plan: Plan, rank: int) -> dict[str, Any]:
 
 
 def _describe(update: int, driver: Any) -> str:
+    """The progress line after an update: staleness and loss, or the shards' versions."""
     line = driver.rec.timeline[-1] if driver.rec.timeline else {}
     if "staleness" in line:
         return f"learners {line['learners']}  staleness {line['staleness']}  loss {line['loss']:.4f}"
@@ -94,41 +96,16 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
     ``actors`` (a :class:`~trainscale.ps.actors.PsActors`) is reused when given, else created and ended
     here. ``on_update(update, driver)`` is called after every update (tests inject failures from it).
     """
-    import ray
-
-    from .actors import PsActors
-    from .coordinator import Coordinator
-    from .downpour import DownpourDriver
     from .progress import PsProgress
-    from .summary import evaluate, summarize
 
     ps = cfg.ps
     plan = plan or preflight(cfg)
     own = actors is None
-    if own:
-        actors = PsActors.from_config(ps)
-    elif not actors.fits(ps.learners, ps.shards):
-        actors.grow(ps.learners)
-        if not actors.fits(ps.learners, ps.shards):
-            raise ConfigError("ps.shards", ps.shards, f"these actors have only {len(actors.shards)} shards")
+    actors = _claim_actors(ps, actors)
     view: Any = None
     try:
         learners, shards = actors.learners[:ps.learners], actors.shards[:ps.shards]
-        inputs, targets = ray.put(plan.train.x), ray.put(plan.train.y)
-
-        def setup(i: int) -> Any:
-            return learners[i].setup.remote(_learner_spec(plan, i), inputs, targets)
-
-        downpour = ps.mode == "downpour"
-        opts = {"lr": ps.lr, "lr_rule": ps.lr_rule, "snapshot_every": ps.snapshot_every,
-                "keep_history": ps.lr_rule == "distance", "optimizer": "adagrad" if downpour else "sgd"}
-        # Learners import torch when they start: give the first set-up longer than a normal wait.
-        startup_s = ps.timeout_s + 20.0 * ps.learners
-        metas = _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s,
-                          "server shards")
-        pids = [m["pid"] for m in metas]
-        learner_pids = [m["pid"] for m in _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")]
-
+        setup, pids, learner_pids = _start(plan, ps, learners, shards)
         view = PsProgress(None if ps.time_s > 0 else ps.steps, progress, cfg.log.every)
 
         def hook(update: int, driver: Any) -> None:
@@ -136,30 +113,79 @@ def run_ps(cfg: Config, actors: Any = None, on_update: Callable[[int, Any], None
             if on_update is not None:
                 on_update(update, driver)
 
-        if downpour:
-            driver: Any = DownpourDriver(ps, learners, shards, pids, setup, hook, learner_pids)
-        else:
-            params = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
-            shard_ids = ray.get([sh.actor_id.remote() for sh in shards], timeout=ps.timeout_s)
-            driver = Coordinator(ps, learners, shards, params, pids, setup, hook, learner_pids, shard_ids)
+        driver = _driver(ps, learners, shards, pids, setup, hook, learner_pids)
         logger.info(f"ps: {ps.mode} with {ps.learners} learners (K = {plan.k}), {ps.shards} shard(s), "
                     f"{plan.layout.numel:,} parameters, delay {ps.delay}")
         rec = driver.run()
         view.close()
-        final = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
-        ev = plan.eval
-
-        def scores(refs: list) -> tuple[float | None, float | None]:
-            return evaluate(plan.model, plan.layout, ray.get(refs, timeout=ps.timeout_s), ev, plan.info, plan.loss)
-
-        curve = _eval_curve(rec.eval_points, scores)
-        eval_loss, eval_accuracy = scores(final)
-        return summarize(ps, plan.k, rec, eval_accuracy, curve, eval_loss, plan.layout.numel)
+        return _finish(plan, ps, shards, rec)
     finally:
         if view is not None:
             view.close()
         if own:
             actors.close()
+
+
+def _claim_actors(ps: PsConfig, actors: Any) -> Any:
+    """The actors to train on: new ones for ``ps``, or the given ones, grown when they are too few."""
+    from .actors import PsActors
+
+    if actors is None:
+        return PsActors.from_config(ps)
+    if not actors.fits(ps.learners, ps.shards):
+        actors.grow(ps.learners)
+        if not actors.fits(ps.learners, ps.shards):
+            raise ConfigError("ps.shards", ps.shards, f"these actors have only {len(actors.shards)} shards")
+    return actors
+
+
+def _start(plan: Plan, ps: PsConfig, learners: list, shards: list) -> tuple[Callable[[int], Any], list[int], list[int]]:
+    """Reset the shards to the initial slices and set up the learners; (set-up of learner i, their PIDs)."""
+    import ray
+
+    inputs, targets = ray.put(plan.train.x), ray.put(plan.train.y)
+
+    def setup(i: int) -> Any:
+        return learners[i].setup.remote(_learner_spec(plan, i), inputs, targets)
+
+    opts = {"lr": ps.lr, "lr_rule": ps.lr_rule, "snapshot_every": ps.snapshot_every,
+            "keep_history": ps.lr_rule == "distance", "optimizer": "adagrad" if ps.mode == "downpour" else "sgd"}
+    # Learners import torch when they start: give the first set-up longer than a normal wait.
+    startup_s = ps.timeout_s + 20.0 * ps.learners
+    metas = _wait_all([sh.reset.remote(sl, opts) for sh, sl in zip(shards, plan.slices)], startup_s, "server shards")
+    learner_metas = _wait_all([setup(i) for i in range(ps.learners)], startup_s, "learners")
+    return setup, [m["pid"] for m in metas], [m["pid"] for m in learner_metas]
+
+
+def _driver(ps: PsConfig, learners: list, shards: list, pids: list[int], setup: Callable[[int], Any],
+            hook: Callable[[int, Any], None], learner_pids: list[int]) -> Any:
+    """The loop that runs ``ps.mode``: DOWNPOUR's driver, or the coordinator of the synchronous and async modes."""
+    import ray
+
+    from .coordinator import Coordinator
+    from .downpour import DownpourDriver
+
+    if ps.mode == "downpour":
+        return DownpourDriver(ps, learners, shards, pids, setup, hook, learner_pids)
+    params = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
+    shard_ids = ray.get([sh.actor_id.remote() for sh in shards], timeout=ps.timeout_s)
+    return Coordinator(ps, learners, shards, params, pids, setup, hook, learner_pids, shard_ids)
+
+
+def _finish(plan: Plan, ps: PsConfig, shards: list, rec: Any) -> dict[str, Any]:
+    """Evaluate the final parameters and the kept points, and summarise the run."""
+    import ray
+
+    from .summary import evaluate, summarize
+
+    final = [sh.get.options(num_returns=2).remote()[1] for sh in shards]
+
+    def scores(refs: list) -> tuple[float | None, float | None]:
+        return evaluate(plan.model, plan.layout, ray.get(refs, timeout=ps.timeout_s), plan.eval, plan.info, plan.loss)
+
+    curve = _eval_curve(rec.eval_points, scores)
+    eval_loss, eval_accuracy = scores(final)
+    return summarize(ps, plan.k, rec, eval_accuracy, curve, eval_loss, plan.layout.numel)
 
 
 def _eval_curve(points: list, scores: Callable[[list], tuple]) -> list[dict[str, Any]]:
@@ -178,6 +204,7 @@ def _eval_curve(points: list, scores: Callable[[list], tuple]) -> list[dict[str,
 
 
 def _wait_all(refs: list, timeout_s: float, what: str) -> list:
+    """The results of ``refs``; ``PsError`` naming ``what`` when some are not ready within ``timeout_s``."""
     import ray
 
     from .record import PsError

@@ -14,11 +14,14 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import ConfigError
 
 __all__ = ["main"]
+
+# Per world size, the strategies ranked by forecast samples/s: (label, samples/s, efficiency).
+Compared = list[tuple[int, list[tuple[str, float, float]]]]
 
 EPILOG = """sources of the 1-device step (one of):
   --calibration FILE        measured here by `trainscale plan calibrate` (FLOPs of the job kept for other GPUs)
@@ -41,6 +44,7 @@ examples:
 
 
 def _ints(text: str, key: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4] (sorted, unique); one clear error for anything else."""
     try:
         vals = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
@@ -57,6 +61,7 @@ INTERFERENCE_HELP = ("also run the job at 1 and at each P process(es) with the g
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The options of ``trainscale plan``."""
     p = argparse.ArgumentParser(prog="trainscale plan", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Forecast step time, speed-up and scaling efficiency of a data-parallel job "
                                             "on a cluster, from one device's step and the cluster's links.",
@@ -128,6 +133,7 @@ def _numbers(a: argparse.Namespace) -> None:
 
 
 def _strategy(a: argparse.Namespace) -> Any:
+    """The strategy to forecast, from the ``strategy`` options."""
     from .forecast import Strategy
 
     if a.bucket_mb < 0:
@@ -137,6 +143,7 @@ def _strategy(a: argparse.Namespace) -> Any:
 
 
 def _worlds(a: argparse.Namespace) -> list[int]:
+    """Device counts to forecast on a catalogue cluster: ``--world-size``, else ``--nodes`` x ``--gpus-per-node``."""
     if a.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node", a.gpus_per_node, "must be >= 1")
     if a.world_size:
@@ -150,6 +157,7 @@ def _worlds(a: argparse.Namespace) -> list[int]:
 
 
 def _measured(text: str | None) -> dict[int, float]:
+    """Measured speed-ups by world size, from ``W:S,...`` pairs or a bench.json."""
     if not text:
         return {}
     if Path(text).is_file():
@@ -219,7 +227,7 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
     return with_overhead(points, job.step_s, kappa)
 
 
-def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> list[tuple[int, list[tuple[str, float, float]]]]:
+def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
     """Rank strategies per world size by samples/s."""
     from .forecast import forecast
 
@@ -243,6 +251,7 @@ def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> list[tuple
 
 
 def _calibrate_main(argv: list[str]) -> int:
+    """Entry of ``trainscale plan calibrate``: measure the job on this machine and write the calibration file."""
     from .calibrate import calibrate
 
     p = argparse.ArgumentParser(prog="trainscale plan calibrate", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -274,22 +283,42 @@ def _calibrate_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Entry of ``trainscale plan``."""
+    """Entry of ``trainscale plan``: check the options, find the job and cluster, forecast, write and print."""
     if argv and argv[0] == "calibrate":
         return _calibrate_main(argv[1:])
     from ..reporting import write_json
-    from ..reporting.console import console
-    from .calibration import Calibration
-    from .forecast import Cluster, forecast
-    from .report import console_table, plan_json, write_plan
-    from .topology import parse_topo
-    from .verdict import NOT_MODELLED, gaps
+    from .report import plan_json, print_plan, write_plan
 
     a, rest = _parser().parse_known_args(argv)
     _numbers(a)
     strategy = _strategy(a)
     measured = _measured(a.measured)
-    cal = None
+    cal = _calibration(a, rest)
+    assumptions: dict[str, Any] = {"strategy": strategy.label()}
+    target = _catalog_target(a, cal, assumptions) if a.gpu else _machine_target(a, cal, assumptions)
+    points, notes, compare = _forecast(a, target, strategy, measured, assumptions)
+    doc = plan_json(points, assumptions, {"measured_speedup": measured, "conclusions": notes,
+                                          "compare": compare or []})
+    files = write_plan(Path(a.out), doc, points, notes, compare)
+    if a.json:
+        write_json(Path(a.json), doc)
+    print_plan(points, target.title, notes, [*files, *([a.json] if a.json else [])])
+    return 0
+
+
+class _Target(NamedTuple):
+    """What is forecast: the 1-device job, the cluster it runs on, the world sizes, the report's title."""
+
+    job: Any
+    cluster: Any
+    worlds: list[int]
+    title: str
+
+
+def _calibration(a: argparse.Namespace, rest: list[str]) -> Any:
+    """The job measured on this machine: ``--calibration`` checked against the options, or calibrated now."""
+    from .calibration import Calibration
+
     if a.calibration:
         cal = Calibration.load(a.calibration)
         if rest:
@@ -304,72 +333,77 @@ def main(argv: list[str]) -> int:
             cal.check_job({"model.name": a.model}, a.calibration)
         if a.batch_size and not a.gpu:  # this machine's step was measured at the calibrated batch only
             cal.check_job({"data.batch_size": a.batch_size}, a.calibration)
-    elif rest:
+        return cal
+    if rest:
         from .calibrate import calibrate
 
-        out_cal = Path(a.out) / "calibration.json"
-        cal = calibrate(rest, [n for n in _ints(a.nproc, "--nproc") if n > 1] or [2], out_cal,
-                        say=lambda m: print(m, file=sys.stderr, flush=True), interference=a.interference)
-    assumptions: dict[str, Any] = {"strategy": strategy.label()}
-    if a.gpu:
-        from .hardware import gpu
+        return calibrate(rest, [n for n in _ints(a.nproc, "--nproc") if n > 1] or [2], Path(a.out) / "calibration.json",
+                         say=lambda m: print(m, file=sys.stderr, flush=True), interference=a.interference)
+    return None
 
-        gpu(a.gpu)  # an unknown GPU fails before anything is computed
-        topo = None
-        if a.topo:
-            if not Path(a.topo).is_file():
-                raise ConfigError("--topo", a.topo, "no such file (save `nvidia-smi topo -m` output to it)")
-            topo = parse_topo(Path(a.topo).read_text(), a.topo)
-        cluster = Cluster.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
-        worlds = _worlds(a)
-        job = _job_from_args(a, cal, assumptions)
-        intra, inter = cluster.intra, cluster.inter
-        assert intra is not None and inter is not None  # from_catalog sets both links
-        assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{intra.name} "
-                            f"{intra.gbs:g} GB/s, {intra.hw_lat_us} us/hop",
-                            "inter": f"{inter.name} {inter.gbs:g} GB/s x {cluster.net_efficiency} "
-                            f"efficiency, {inter.hw_lat_us} us/hop",
-                            "backward_share": f"{job.backward_share:.2f} of compute (backward ~ 2x forward)",
-                            "batch_size": job.batch_size})
-        if topo is not None:
-            assumptions["topology"] = (f"ring's slowest hop {topo.ring_bottleneck()}, groups {topo.groups()}, "
-                                       f"NIC reached through {topo.nic_class()}")
-        title = f"trainscale plan: {job.name} on {a.gpu} x {a.gpus_per_node} per node"
-    else:
-        if cal is None:
-            raise ConfigError("--gpu", None, "give a target --gpu (with --samples-per-s-1 or --calibration), or "
-                              "--calibration FILE / train options to forecast this machine")
-        worlds = _ints(a.nproc, "--nproc")
-        cluster = cal.cluster(max(worlds))
-        missing = [w for w in worlds if w > 1 and str(w) not in cal.allreduce]
-        job = cal.base_job(cal.cores)
-        assumptions.update({"machine": cal.machine, "calibrated_nproc": sorted(int(p) for p in cal.allreduce),
-                            "extrapolated_nproc": missing, "core_share": cal.share,
-                            "outside_threads": round(cluster.outside, 2),
-                            # the forecast at these P is anchored on the job's skeleton measured there
-                            "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()},
-                            # measured with --interference: the job's CPU per step on P ranks over 1 process
-                            "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
-        title = f"trainscale plan: {job.name} on this machine ({cal.cores} cores)"
-    points = forecast(job, cluster, strategy, worlds)
+
+def _catalog_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]) -> _Target:
+    """A cluster of ``--gpu`` from the catalogue (links, topology) and the job's step on that GPU."""
+    from .forecast import Cluster
+    from .hardware import gpu
+    from .topology import parse_topo
+
+    gpu(a.gpu)  # an unknown GPU fails before anything is computed
+    topo = None
+    if a.topo:
+        if not Path(a.topo).is_file():
+            raise ConfigError("--topo", a.topo, "no such file (save `nvidia-smi topo -m` output to it)")
+        topo = parse_topo(Path(a.topo).read_text(), a.topo)
+    cluster = Cluster.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
+    worlds = _worlds(a)
+    job = _job_from_args(a, cal, assumptions)
+    intra, inter = cluster.intra, cluster.inter
+    assert intra is not None and inter is not None  # from_catalog sets both links
+    assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{intra.name} "
+                        f"{intra.gbs:g} GB/s, {intra.hw_lat_us} us/hop",
+                        "inter": f"{inter.name} {inter.gbs:g} GB/s x {cluster.net_efficiency} "
+                        f"efficiency, {inter.hw_lat_us} us/hop",
+                        "backward_share": f"{job.backward_share:.2f} of compute (backward ~ 2x forward)",
+                        "batch_size": job.batch_size})
+    if topo is not None:
+        assumptions["topology"] = (f"ring's slowest hop {topo.ring_bottleneck()}, groups {topo.groups()}, "
+                                   f"NIC reached through {topo.nic_class()}")
+    return _Target(job, cluster, worlds, f"trainscale plan: {job.name} on {a.gpu} x {a.gpus_per_node} per node")
+
+
+def _machine_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]) -> _Target:
+    """This calibrated machine at ``--nproc`` processes: its measured all-reduce, sharing and skeleton steps."""
+    if cal is None:
+        raise ConfigError("--gpu", None, "give a target --gpu (with --samples-per-s-1 or --calibration), or "
+                          "--calibration FILE / train options to forecast this machine")
+    worlds = _ints(a.nproc, "--nproc")
+    cluster = cal.cluster(max(worlds))
+    missing = [w for w in worlds if w > 1 and str(w) not in cal.allreduce]
+    job = cal.base_job(cal.cores)
+    assumptions.update({"machine": cal.machine, "calibrated_nproc": sorted(int(p) for p in cal.allreduce),
+                        "extrapolated_nproc": missing, "core_share": cal.share,
+                        "outside_threads": round(cluster.outside, 2),
+                        # the forecast at these P is anchored on the job's skeleton measured there
+                        "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()},
+                        # measured with --interference: the job's CPU per step on P ranks over 1 process
+                        "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
+    return _Target(job, cluster, worlds, f"trainscale plan: {job.name} on this machine ({cal.cores} cores)")
+
+
+def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: dict[int, float],
+              assumptions: dict[str, Any]) -> tuple[list[Any], list[str], Compared | None]:
+    """The points, the conclusions (gaps to the measured speed-ups, the strategy to use) and the comparison."""
+    from .forecast import forecast
+    from .verdict import NOT_MODELLED, gaps
+
+    points = forecast(target.job, target.cluster, strategy, target.worlds)
     if a.gpu:
-        points = _with_framework_overhead(a, points, job, assumptions)
+        points = _with_framework_overhead(a, points, target.job, assumptions)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
     notes = gaps(points, measured)
-    compare = _compare(job, cluster, strategy, worlds) if a.compare else None
-    if compare:
-        for w, ranked in compare:
-            notes.append(f"{w} devices: use {ranked[0][0]} ({ranked[0][1]:,.1f} samples/s, {ranked[0][2]:.0%} efficiency)"
-                         f"; the default gives {next(r[1] for r in ranked if r[0] == strategy.label()):,.1f}"
-                         if any(r[0] == strategy.label() for r in ranked) else f"{w} devices: use {ranked[0][0]}")
-    doc = plan_json(points, assumptions, {"measured_speedup": measured, "conclusions": notes,
-                                          "compare": compare or []})
-    files = write_plan(Path(a.out), doc, points, notes, compare)
-    if a.json:
-        write_json(Path(a.json), doc)
-    console.print(console_table(points, title))
-    for n in notes:
-        console.print(n, markup=False, highlight=False)
-    console.print("wrote " + ", ".join(str(f) for f in files) + (f", {a.json}" if a.json else ""),
-                  markup=False, highlight=False)
-    return 0
+    compare = _compare(target.job, target.cluster, strategy, target.worlds) if a.compare else None
+    for w, ranked in compare or []:
+        default = [r[1] for r in ranked if r[0] == strategy.label()]
+        notes.append(f"{w} devices: use {ranked[0][0]} ({ranked[0][1]:,.1f} samples/s, {ranked[0][2]:.0%} efficiency)"
+                     f"; the default gives {default[0]:,.1f}" if default else f"{w} devices: use {ranked[0][0]}")
+    return points, notes, compare

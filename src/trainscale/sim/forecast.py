@@ -241,50 +241,12 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
     """One world size (without speed-up, filled in by ``forecast``)."""
     base, slow = cluster.job_at(job, world)
     nodes = max(1, math.ceil(world / cluster.gpus_per_node))
-    # The 1-device step was measured at its own sharing slow-down; each thread now runs ``slow`` times slower.
-    rel = slow / thread_slowdown(base.core_share)
-    compute = base.compute_s * rel
-    other = max(0.0, base.step_s - base.compute_s) * rel
-    sigma = sigma_from_spread(base.spread, compute)
-    # On a time-shared host the sharing model gives the step; its noise is the sharing, not counted twice.
-    straggler = sigma * expected_max_normal(world) if slow <= 1.0 else 0.0
-    bubble = 0.0
-    dp = world
-    tensor_bytes, costs = list(base.tensor_bytes), base.tensor_costs
-    if s.pipeline_stages > 1:
-        if world % s.pipeline_stages:
-            raise ConfigError("--pipeline-stages", s.pipeline_stages, f"must divide the world size {world}")
-        dp = world // s.pipeline_stages
-        frac = pipeline_bubble(s.pipeline_stages, s.microbatches, s.schedule)
-        bubble = compute * frac / (1 - frac)
-        tensor_bytes = [b / s.pipeline_stages for b in tensor_bytes]  # each stage holds 1/S of the model
-    ratio = compressed_bytes(1.0, s.compression, s.powersgd_rank) if s.compression != "powersgd" else \
-        compressed_bytes(sum(tensor_bytes), "powersgd", s.powersgd_rank) / max(1.0, sum(tensor_bytes))
-    codec = 0.0
-    if s.compression != "none" and cluster.mem_gbs:
-        passes = 3 if s.compression in ("fp16", "bf16") else 10  # read, write, cast back; PowerSGD's matmuls
-        codec = passes * sum(tensor_bytes) / (cluster.mem_gbs * 1e9)
-
-    def t_of(nbytes: float) -> float:
-        return cluster.allreduce_s(nbytes * ratio, dp, s.algo, s.hierarchical)
-
+    compute, other, sigma, straggler = _compute(base, slow, world)
+    dp, bubble, tensor_bytes = _pipelined(s, world, compute, list(base.tensor_bytes))
+    ratio, codec = _compression(s, tensor_bytes, cluster.mem_gbs)
     if s.ps_mode:
         return _ps_point(base, cluster, s, world, nodes, compute + other, sigma)
-    buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
-    backward = compute * base.backward_share
-    exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, costs), t_of, backward,
-                                  s.overlap)
-    comm_cpu = sum(cluster.comm_cpu_s(b * ratio, dp) for b in buckets)
-    if base.buffer_bytes and dp > 1:
-        b = cluster.allreduce_s(base.buffer_bytes, dp) / 2  # a broadcast moves half an all-reduce
-        exposed, total = exposed + b, total + b
-        comm_cpu += cluster.comm_cpu_s(base.buffer_bytes, dp) / 2
-    if s.local_sgd_period:
-        avg = t_of(sum(tensor_bytes)) / s.local_sgd_period  # one parameter average every H steps, not hidden
-        exposed, total = avg, avg
-    if s.zero1:
-        gather = t_of(sum(tensor_bytes)) / 2  # all-gather of the updated shards after the step
-        exposed, total = exposed + gather, total + gather
+    exposed, total, comm_cpu = _exchange(base, cluster, s, tensor_bytes, dp, ratio, compute * base.backward_share)
     exposed += codec
     step = compute + other + exposed + bubble + straggler
     if cluster.device == "cpu" and base.cpu_s and not s.local_sgd_period:
@@ -302,6 +264,63 @@ def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
     samples = base.batch_size * world * (s.pipeline_stages if s.pipeline_stages > 1 else 1) / s.pipeline_stages
     return Point(world, nodes, step, samples / step, 0.0, 0.0, compute + other, exposed, total, bubble, straggler,
                  0.0, bound, s.label())
+
+
+def _compute(base: Job, slow: float, world: int) -> tuple[float, float, float, float]:
+    """(forward+backward, the rest of the step, its noise sigma, the expected wait for the slowest of ``world``)."""
+    # The 1-device step was measured at its own sharing slow-down; each thread now runs ``slow`` times slower.
+    rel = slow / thread_slowdown(base.core_share)
+    compute = base.compute_s * rel
+    other = max(0.0, base.step_s - base.compute_s) * rel
+    sigma = sigma_from_spread(base.spread, compute)
+    # On a time-shared host the sharing model gives the step; its noise is the sharing, not counted twice.
+    straggler = sigma * expected_max_normal(world) if slow <= 1.0 else 0.0
+    return compute, other, sigma, straggler
+
+
+def _pipelined(s: Strategy, world: int, compute: float, tensor_bytes: list[float]) -> tuple[int, float, list[float]]:
+    """(data-parallel ranks, the pipeline's bubble in seconds, the gradient bytes each rank exchanges)."""
+    if s.pipeline_stages <= 1:
+        return world, 0.0, tensor_bytes
+    if world % s.pipeline_stages:
+        raise ConfigError("--pipeline-stages", s.pipeline_stages, f"must divide the world size {world}")
+    frac = pipeline_bubble(s.pipeline_stages, s.microbatches, s.schedule)
+    # Each stage holds 1/S of the model.
+    return world // s.pipeline_stages, compute * frac / (1 - frac), [b / s.pipeline_stages for b in tensor_bytes]
+
+
+def _compression(s: Strategy, tensor_bytes: list[float], mem_gbs: float) -> tuple[float, float]:
+    """(bytes on the wire per gradient byte, seconds the codec takes on the device per step)."""
+    ratio = compressed_bytes(1.0, s.compression, s.powersgd_rank) if s.compression != "powersgd" else \
+        compressed_bytes(sum(tensor_bytes), "powersgd", s.powersgd_rank) / max(1.0, sum(tensor_bytes))
+    codec = 0.0
+    if s.compression != "none" and mem_gbs:
+        passes = 3 if s.compression in ("fp16", "bf16") else 10  # read, write, cast back; PowerSGD's matmuls
+        codec = passes * sum(tensor_bytes) / (mem_gbs * 1e9)
+    return ratio, codec
+
+
+def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float], dp: int, ratio: float,
+              backward: float) -> tuple[float, float, float]:
+    """(exposed and total communication seconds per step, CPU seconds a rank spends in it) over ``dp`` ranks."""
+    def t_of(nbytes: float) -> float:
+        return cluster.allreduce_s(nbytes * ratio, dp, s.algo, s.hierarchical)
+
+    buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
+    exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, base.tensor_costs), t_of,
+                                  backward, s.overlap)
+    comm_cpu = sum(cluster.comm_cpu_s(b * ratio, dp) for b in buckets)
+    if base.buffer_bytes and dp > 1:
+        b = cluster.allreduce_s(base.buffer_bytes, dp) / 2  # a broadcast moves half an all-reduce
+        exposed, total = exposed + b, total + b
+        comm_cpu += cluster.comm_cpu_s(base.buffer_bytes, dp) / 2
+    if s.local_sgd_period:
+        avg = t_of(sum(tensor_bytes)) / s.local_sgd_period  # one parameter average every H steps, not hidden
+        exposed, total = avg, avg
+    if s.zero1:
+        gather = t_of(sum(tensor_bytes)) / 2  # all-gather of the updated shards after the step
+        exposed, total = exposed + gather, total + gather
+    return exposed, total, comm_cpu
 
 
 def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, busy_s: float,

@@ -7,7 +7,7 @@ from typing import Any
 
 from .forecast import Point
 
-__all__ = ["PLOTS", "plan_json", "console_table", "write_plan"]
+__all__ = ["PLOTS", "plan_json", "console_table", "write_plan", "print_plan"]
 
 PLOTS = ("plan-throughput.png", "plan-breakdown.png")
 HEAD = ["devices", "nodes", "step ms", "compute ms", "exposed comm ms", "bubble ms", "straggler ms", "samples/s",
@@ -83,3 +83,13 @@ def write_plan(out: Path, doc: dict[str, Any], points: list[Point], notes: list[
     write_json(out / "plan.json", doc)
     md, page = write_reports(out, "plan", "trainscale plan", blocks)
     return [out / "plan.json", md, page, *(out / p for p in PLOTS)]
+
+
+def print_plan(points: list[Point], title: str, notes: list[str], files: list[Path | str]) -> None:
+    """The console's account: the table of the points, the conclusions, the files written."""
+    from ..reporting.console import console
+
+    console.print(console_table(points, title))
+    for n in notes:
+        console.print(n, markup=False, highlight=False)
+    console.print("wrote " + ", ".join(str(f) for f in files), markup=False, highlight=False)
