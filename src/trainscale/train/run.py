@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import Config, apply_overrides, config_to_dict, parse_override_args
+from ..config import Config, apply_overrides, parse_override_args
 from ..data import DataInfo
 from ..data.loader import TrainLoader
 from ..distributed import DistEnv, gather_env_rows, init_distributed
@@ -42,9 +42,8 @@ from .guard import Guard
 from .instruments import Instruments, StepMode
 from .instruments.losses import LossWindow
 from .loading import is_ready_loader, make_loader
-from .metrics import MetricsLog
+from .logpoints import LogPoints
 from .prepared import PreparedModel
-from .progress import ProgressView
 from .summary import print_summary, write_summary
 from .summary_builder import RunRecord, build_summary
 
@@ -101,8 +100,9 @@ class Run:
         self.summary: dict[str, Any] | None = None
         self.model: PreparedModel | None = None
         self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+        self.points = LogPoints(cfg, self.env.is_main, self.run_dir, self.out_dir)
         self._loop: dict[str, Any] = {"micro": 0, "mode": StepMode(), "fixed": None, "synced": False,
-                                      "view": None, "metrics": None, "ended": False, "finished": False}
+                                      "ended": False, "finished": False}
         atexit.register(self._at_exit)  # a script that never calls finish() still leaves the group cleanly
 
     # ------------------------------------------------------------------ set-up
@@ -146,7 +146,7 @@ class Run:
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
-            self._live_metrics()  # the tracker's import and set-up, before the first timed step
+            self.points.open()  # the tracker's import and set-up, before the first timed step
         rows = gather_env_rows(self.env)
         st.label_rows(rows)
         self.guard.start()  # every rank has published its first beat before that collective
@@ -187,8 +187,7 @@ class Run:
         st, ins = self._need_prepared("batches")
         loader, loop = self.loader(loader), self._loop
         self.total_steps = self.forced_steps or steps or max(1, loader.batches_per_epoch // self.accum)
-        if loop["view"] is None:
-            loop["view"] = ProgressView(self.total_steps, self.cfg.log.progress, self.is_main, start=self.step_count)
+        if self.points.start(self.total_steps, self.step_count):
             self.losses.start()
             ins.t_prev = self.losses.t_loop
         guard = self.guard
@@ -310,26 +309,10 @@ class Run:
         return True
 
     def _log_point(self) -> None:
-        st = self._need_prepared("step")[0]
+        st, ins = self._need_prepared("step")
         point = self.losses.step_done(self.step_count, self.step_count == self.total_steps, st.share_loss)
-        if point is None:
-            return
-        rate = point["steps"] * self.global_batch / point["window_s"]
-        if self._loop["view"] is not None:
-            self._loop["view"].update(self.step_count, point["loss"], rate)
-        wait = self.instruments.take_window_wait() if self.instruments is not None else 0.0
-        if self.is_main:
-            self._live_metrics().log(self.step_count, {
-                "loss": point["loss"], "samples_per_s": rate, "step_time_s": point["window_s"] / point["steps"],
-                "data_wait_s": wait / point["steps"], "time_s": point["time_s"]})
-
-    def _live_metrics(self) -> MetricsLog:
-        if self._loop["metrics"] is None:
-            log = self.cfg.log
-            folder = self.run_dir if log.metrics else None
-            self._loop["metrics"] = MetricsLog(folder, log.tracker, log.tracker_dir or self.out_dir,
-                                               config_to_dict(self.cfg), run_name=log.run_name)
-        return self._loop["metrics"]
+        if point is not None:
+            self.points.log(self.step_count, point, self.global_batch, ins.take_window_wait())
 
     def untimed(self) -> Any:
         """Context for work between steps that is not step time (evaluation, checkpoints)."""
@@ -399,8 +382,7 @@ class Run:
         state = self._need_checkpointer("load").load(path)
         if state:
             self.step_count = self.start_step = int(state["step"])
-            if self._loop["metrics"] is not None:
-                self._loop["metrics"].append = True  # continue the interrupted run's metrics.jsonl
+            self.points.resumed()
         return state
 
     def _need_checkpointer(self, what: str) -> Checkpointer:
@@ -415,8 +397,7 @@ class Run:
         if loop["ended"]:
             return
         loop["ended"] = True
-        if loop["view"] is not None:
-            loop["view"].close()
+        self.points.close_view()
         self._close_io()
         if self.instruments is not None:
             self.instruments.finish(self.env.world_size)
@@ -441,20 +422,18 @@ class Run:
 
     def _summary(self, extra: dict[str, Any]) -> dict[str, Any]:
         st, ins = self._need_prepared("finish")
-        metrics = self._loop["metrics"]
         rec = RunRecord(steps=self.step_count, start_step=self.start_step, global_batch=self.global_batch,
                         shards=self._shard()[1], started_at=self.started_at, restarts=self.guard.attempt,
                         steps_redone=self.guard.steps_redone(self.start_step), preempted=self.preempted,
                         eval_result=self.eval_result, out_dir=self.out_dir,
-                        metrics_jsonl=str(metrics.written) if metrics is not None and metrics.written else None,
+                        metrics_jsonl=self.points.written,
                         extra=extra)
         return build_summary(self.cfg, self.env, st, ins, self.losses, self.loaders, self.optimizer, rec)
 
     def _close_io(self) -> None:
         for loader in self.loaders:
             loader.close()  # the prefetch thread and the worker processes
-        if self._loop["metrics"] is not None:
-            self._loop["metrics"].close()
+        self.points.close()
 
     def _teardown(self, barrier: bool) -> None:
         self._loop["finished"] = True
