@@ -13,7 +13,7 @@ import time
 import pytest
 
 from trainscale.data.loader import PREFETCH_THREAD
-from trainscale.train.instruments.accounting import Accounting
+from trainscale.train.instruments.accounting import BLOCK, Accounting
 from trainscale.train.instruments.clocks import estimate_offset, measure_offset
 from trainscale.train.instruments.schedstat import TaskStat, ThreadSet, available, classify_thread
 
@@ -140,6 +140,8 @@ def test_accounting_rows_spread_each_block_of_other_threads_evenly():
     assert sum(r[2] for r in rows) > 5 * sum(acct.cpu_main)  # the spinner's CPU is in cpu_all
     rep = acct.report()
     assert rep["cpu_s"]["other"] > rep["cpu_s"]["main"]
+    acct.schedule(warm=0, block=0)  # no phase plan: the default block
+    assert acct.block == BLOCK
 
 
 def test_offset_estimate_lies_within_its_bound_of_the_truth():

@@ -77,14 +77,11 @@ class Accounting:
         self._waits_seen = 0
         self._t_call = 0.0
 
-    @property
-    def active(self) -> bool:
-        return self.main is not None
-
     # ---- the step's seams
     def schedule(self, warm: int, block: int) -> None:
-        """Steps 1..``warm`` are not measured; the other threads are read every ``block`` steps after them."""
-        self.warm, self.block = warm, max(1, block)
+        """Steps 1..``warm`` are not measured; the other threads are read every ``block`` steps after them
+        (0: every ``BLOCK``)."""
+        self.warm, self.block = warm, block if block > 0 else BLOCK
 
     def loop_starts(self, t: float) -> None:
         """The training loop starts at ``t`` (this rank's clock): the origin of arrivals; readings restart."""
@@ -152,6 +149,7 @@ class Accounting:
         self.others.rescan()
         self.others.read()
         self._block_steps, self._block_measured = 0, []
+        self._waits_seen = len(self.meter.waits) if self.comm_measured else 0
         self._t_call = time.perf_counter()
 
     def end(self) -> None:
