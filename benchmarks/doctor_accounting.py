@@ -9,7 +9,8 @@ ABBA order so that drift and a slow spell of the shared machine fall on both:
    own or to None, and re-based with ``resume()`` when it comes back, a cost counted in the chunk). A
    chunk's step time is its mean, every step counted (the per-block reads land on single steps, which a
    median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
-   the accounting's); ``overhead_ratio`` is the median over adjacent on/off chunk pairs of their ratio.
+   the accounting's); ``overhead_ratio`` is the median over adjacent on/off chunk pairs of their ratio,
+   ``ratio_ci90`` its 90% bootstrap interval, ``ratio_p10``/``ratio_p90`` the spread of single pairs.
 2. **Whole runs** (``trainscale train``'s Trainer with ``--log.accounting true/false``) in the same process
    group: the same ratio over pairs of runs, whose run-to-run noise on a shared machine is far larger.
 
@@ -145,13 +146,24 @@ def pair_ratios(r: dict[str, list[float]]) -> list[float]:
     return [on / off for on, off in zip(r["on"], r["off"])]
 
 
+def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """90% bootstrap interval of the median of ``values`` (pairs resampled with replacement)."""
+    import random
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.05 * draws)], meds[int(0.95 * draws) - 1]
+
+
 def summary(r: dict[str, list[float]], label: str) -> dict[str, float]:
-    """Median on/off ratio over pairs, its 10th-90th percentile spread, and the ratio of the pooled means."""
+    """Median on/off ratio over pairs with its 90% interval, the pairs' 10th-90th percentile spread, and the
+    ratio of the pooled means."""
     ratios = pair_ratios(r)
     for i, (on, off, q) in enumerate(zip(r["on"], r["off"], ratios)):
         print(f"{label} pair {i + 1}: on {on * 1e3:.3f} ms/step, off {off * 1e3:.3f} ms/step, ratio {q:.4f}",
               file=sys.stderr)
-    return {"ratio": statistics.median(ratios), "p10": quantile(ratios, 0.1), "p90": quantile(ratios, 0.9),
+    lo, hi = median_interval(ratios)
+    return {"ratio": statistics.median(ratios), "lo": lo, "hi": hi,
+            "p10": quantile(ratios, 0.1), "p90": quantile(ratios, 0.9),
             "pooled": statistics.fmean(r["on"]) / statistics.fmean(r["off"]), "pairs": len(ratios),
             "step_off_s": statistics.median(r["off"])}
 
@@ -174,7 +186,8 @@ def main() -> None:
           f"step would cost {c['every_thread_every_step_us']:.1f} us/step", file=sys.stderr)
     expected = 1 + (c["main_read_us"] + c["block_read_us"] / 8) * 1e-6 / inside["step_off_s"]
     result: dict[str, Any] = {
-        "overhead_ratio": inside["ratio"], "ratio_p10": inside["p10"], "ratio_p90": inside["p90"],
+        "overhead_ratio": inside["ratio"], "ratio_ci90": [inside["lo"], inside["hi"]],
+        "ratio_p10": inside["p10"], "ratio_p90": inside["p90"],
         "pooled_ratio": inside["pooled"], "chunk_pairs": inside["pairs"], "step_off_s": inside["step_off_s"],
         "run_pairs_ratio": runs["ratio"], "run_pairs_p10": runs["p10"], "run_pairs_p90": runs["p90"],
         "run_pairs": runs["pairs"], "expected_ratio_from_reads": expected, **c}
