@@ -11,6 +11,9 @@ ABBA order so that drift and a slow spell of the shared machine fall on both:
    median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
    the accounting's); ``overhead_ratio`` is the median over adjacent on/off chunk pairs of their ratio,
    ``ratio_ci90`` its 90% bootstrap interval, ``ratio_p10``/``ratio_p90`` the spread of single pairs.
+   ``cpu_ratio``: the same for the training thread's CPU seconds per step (``time.thread_time``), which a
+   wait for the CPU does not inflate: on a machine shared with other work it resolves what the wall clock
+   cannot, and on a quiet one the step's overhead is this added CPU time on its critical path.
 2. **Whole runs** (``trainscale train``'s Trainer with ``--log.accounting true/false``) in the same process
    group: the same ratio over pairs of runs, whose run-to-run noise on a shared machine is far larger.
 
@@ -49,7 +52,8 @@ def clipped_mean(times: list[float]) -> float:
 
 
 def toggled_chunks(chunks: int) -> dict[str, list[float]]:
-    """Mean step seconds of each chunk of one run whose accounting is on in chunks 0, 3, 4, 7, 8, ... (ABBA)."""
+    """Per chunk of one run whose accounting is on in chunks 0, 3, 4, 7, 8, ... (ABBA): mean step seconds
+    (``on``, ``off``) and the training thread's CPU seconds per step (``cpu_on``, ``cpu_off``)."""
     import trainscale
     from trainscale.data import build_datasets
     from trainscale.models import build_model
@@ -66,9 +70,9 @@ def toggled_chunks(chunks: int) -> dict[str, list[float]]:
     ins = run.instruments
     assert ins is not None and ins.accounting is not None
     acct = ins.accounting
-    out: dict[str, list[float]] = {"on": [], "off": []}
+    out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": []}
     times: list[float] = []
-    t_prev = 0.0
+    t_prev = cpu0 = 0.0
     for x, y in run.batches(loader, steps=steps):
         run.forward_backward(x, y, loss_fn)
         run.step()
@@ -78,13 +82,15 @@ def toggled_chunks(chunks: int) -> dict[str, list[float]]:
             times.append(now - t_prev)
         if k >= 0 and k % CHUNK == 0:
             if times:
-                out["on" if ins.accounting is not None else "off"].append(clipped_mean(times))
-            times = []
+                mode = "on" if ins.accounting is not None else "off"
+                out[mode].append(clipped_mean(times))
+                out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
+            times, cpu0 = [], time.thread_time()
             on = (k // CHUNK) % 4 in (0, 3)
             if on and ins.accounting is None:
                 acct.resume()  # readings restart: what the threads did while it was off is not counted
             ins.accounting = acct if on else None
-        t_prev = time.perf_counter()
+        t_prev = now  # the switch above is paid by the chunk's first step
     ins.accounting = acct
     run.finish()
     return out
@@ -158,10 +164,14 @@ def summary(r: dict[str, list[float]], label: str) -> dict[str, float]:
     """Median on/off ratio over pairs with its 90% interval, the pairs' 10th-90th percentile spread, and the
     ratio of the pooled means."""
     ratios = pair_ratios(r)
-    for i, (on, off, q) in enumerate(zip(r["on"], r["off"], ratios)):
-        print(f"{label} pair {i + 1}: on {on * 1e3:.3f} ms/step, off {off * 1e3:.3f} ms/step, ratio {q:.4f}",
-              file=sys.stderr)
+    if len(ratios) <= 20:
+        for i, (on, off, q) in enumerate(zip(r["on"], r["off"], ratios)):
+            print(f"{label} pair {i + 1}: on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms per step, ratio {q:.4f}",
+                  file=sys.stderr)
     lo, hi = median_interval(ratios)
+    print(f"{label}: {len(ratios)} pairs, median on {statistics.median(r['on']) * 1e3:.3f} ms, off "
+          f"{statistics.median(r['off']) * 1e3:.3f} ms per step; ratio {statistics.median(ratios):.4f} "
+          f"(90% interval {lo:.4f}-{hi:.4f})", file=sys.stderr)
     return {"ratio": statistics.median(ratios), "lo": lo, "hi": hi,
             "p10": quantile(ratios, 0.1), "p90": quantile(ratios, 0.9),
             "pooled": statistics.fmean(r["on"]) / statistics.fmean(r["off"]), "pairs": len(ratios),
@@ -181,6 +191,7 @@ def main() -> None:
 
     r = launch_self(__file__, ["--chunks", str(a.chunks), "--pairs", str(a.pairs)])
     inside, runs, c = summary(r["inside"], "chunk"), summary(r["runs"], "run"), r["costs"]
+    cpu = summary({"on": r["inside"]["cpu_on"], "off": r["inside"]["cpu_off"]}, "cpu")
     print(f"reads: training thread {c['main_read_us']:.1f} us/step; other threads ({c['other_threads']}) with "
           f"rescan {c['block_read_us']:.1f} us/block, {c['thread_read_us']:.1f} us per thread; every thread every "
           f"step would cost {c['every_thread_every_step_us']:.1f} us/step", file=sys.stderr)
@@ -189,6 +200,7 @@ def main() -> None:
         "overhead_ratio": inside["ratio"], "ratio_ci90": [inside["lo"], inside["hi"]],
         "ratio_p10": inside["p10"], "ratio_p90": inside["p90"],
         "pooled_ratio": inside["pooled"], "chunk_pairs": inside["pairs"], "step_off_s": inside["step_off_s"],
+        "cpu_ratio": cpu["ratio"], "cpu_ratio_ci90": [cpu["lo"], cpu["hi"]], "cpu_off_s": cpu["step_off_s"],
         "run_pairs_ratio": runs["ratio"], "run_pairs_p10": runs["p10"], "run_pairs_p90": runs["p90"],
         "run_pairs": runs["pairs"], "expected_ratio_from_reads": expected, **c}
     emit(result)
