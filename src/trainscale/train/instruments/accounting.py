@@ -11,10 +11,10 @@ Per measured step, this rank records
   arrives last at the step's collective is the one the others waited for.
 
 The training thread is read at every step (one ``os.pread``). The other threads are read once per block of
-steps (a block of ``ablate.phases``, else ``BLOCK`` steps), and their thread list is rescanned then too: a
-block's total is spread evenly over its steps, so ``runq_all_s`` and ``cpu_all_s`` of one step are its own
-training thread's time plus 1/n of the block's other threads' time. Reading every thread at every step would
-cost several times more (``benchmarks/doctor_accounting.py``).
+steps (a block of ``ablate.phases``, else ``BLOCK`` steps), their thread list rescanned every ``RESCAN``
+blocks: a block's total is spread evenly over its steps, so ``runq_all_s`` and ``cpu_all_s`` of one step are
+its own training thread's time plus 1/n of the block's other threads' time. Reading every thread at every
+step would cost several times more (``benchmarks/doctor_accounting.py`` measures each read).
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from typing import Any
 from .accounting_summary import local_cpu_limits
 from .clocks import measure_offset
 from .phases import ROW_COLUMNS
-from .schedstat import THREAD_CLASSES, TaskStat, ThreadSet, available
+from .schedstat import THREAD_CLASSES, ThreadSet, available, read_schedstat
 
 __all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW"]
 
 BLOCK = 8  # steps per read of the other threads when no phase plan sets the block
+RESCAN = 4  # blocks per rescan of the thread list
 NAN_ROW = [math.nan] * (len(ROW_COLUMNS) - 4)  # rank_steps columns 4-8 of a step without accounting
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
 
@@ -47,35 +48,38 @@ def start_accounting(rank: int, world: int, store: Any, meter: Any, device_type:
 
 
 class Accounting:
-    """This rank's per-step accounting; the instruments call ``step_called``, ``step_done`` and the block seams."""
+    """This rank's per-step accounting; the instruments call ``step_called``, ``step_done`` and the block seams.
+
+    The step's path is kept to one ``pread`` and one append: per measured step a tuple (training thread's
+    on-CPU ns, its run-queue ns, arrival on rank 0's clock, exposed communication wait); per block the other
+    threads' share per step. Rows and the report are built from these at the end.
+    """
 
     def __init__(self, rank: int, meter: Any, comm_measured: bool, offset: float, bound: float):
         self.rank, self.meter, self.offset, self.bound = rank, meter, offset, bound
-        self.comm_measured = comm_measured and meter is not None and meter.hooked
+        self.hooked = meter is not None and meter.hooked
+        self.comm_measured = comm_measured and self.hooked
         self.reason = available()
         self.warm, self.block = 0, BLOCK
         self.origin = math.nan  # the loop's start, on rank 0's clock
-        self.main: TaskStat | None = None
         self.others: ThreadSet | None = None
+        self._fd: int | None = None
         if self.reason is None:
             tid = threading.get_native_id()  # the training thread: the one that builds the run
-            self.main = TaskStat(f"/proc/self/task/{tid}/schedstat", "main", True)
+            self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
             self.others = ThreadSet(tid)
             self.others.rescan()
-        # per measured step (seconds)
-        self.runq_main: list[float] = []
-        self.cpu_main: list[float] = []
-        self.runq_others: list[float] = []  # the block's share; NaN until the block closes
-        self.cpu_others: list[float] = []
-        self.comm_wait: list[float] = []
-        self.arrival: list[float] = []
-        # per class, summed over measured steps (ns)
-        self.cpu_ns = dict.fromkeys(THREAD_CLASSES, 0.0)
+        self._cpu, self._runq = self._read_main()
+        self._steps: list[tuple[int, int, float, float]] = []  # per measured step: cpu ns, runq ns, arrival, comm
+        self._others: list[tuple[float, float]] = []  # per measured step: the other threads' cpu, runq ns
+        self.cpu_ns = dict.fromkeys(THREAD_CLASSES, 0.0)  # other classes, summed over measured steps
         self.runq_ns = dict.fromkeys(THREAD_CLASSES, 0.0)
-        self._block_steps = 0
-        self._block_measured: list[int] = []
+        self._block_steps = self._block_measured = self._blocks = 0
         self._waits_seen = 0
         self._t_call = 0.0
+
+    def _read_main(self) -> tuple[int, int]:
+        return read_schedstat(self._fd) if self._fd is not None else (0, 0)
 
     # ---- the step's seams
     def schedule(self, warm: int, block: int) -> None:
@@ -93,49 +97,54 @@ class Accounting:
 
     def step_done(self, step: int, measured: bool, t_prev: float) -> None:
         """Step ``step`` (1-based, this run) ended; it began at ``t_prev``. One read of the training thread."""
-        if self.main is None:
+        fd = self._fd
+        if fd is None:
             return
-        cpu, runq = self.main.delta()
-        waits = self.meter.waits if self.comm_measured else ()
-        new = waits[self._waits_seen:]
-        self._waits_seen = len(waits)
-        self._block_steps += 1
+        fields = os.pread(fd, 96, 0).split()
+        cpu, runq = int(fields[0]), int(fields[1])
         if measured:
-            self.runq_main.append(runq * 1e-9)
-            self.cpu_main.append(cpu * 1e-9)
-            self.runq_others.append(math.nan)
-            self.cpu_others.append(math.nan)
-            self.comm_wait.append(sum(new) if new else math.nan)
-            self.arrival.append(self._arrival(t_prev) + self.offset)
-            self.cpu_ns["main"] += cpu
-            self.runq_ns["main"] += runq
-            self._block_measured.append(len(self.runq_main) - 1)
+            self._steps.append((cpu - self._cpu, runq - self._runq, self._arrival(t_prev) + self.offset,
+                                self._comm_wait()))
+            self._block_measured += 1
+        self._cpu, self._runq = cpu, runq
+        self._block_steps += 1
         if step >= self.warm and (step - self.warm) % self.block == 0:
             self.close_block()
 
     def _arrival(self, t_prev: float) -> float:
         """When this step's last gradient was ready; without gradient hooks, when ``run.step()`` was called."""
-        if self.meter is not None and self.meter.hooked and self.meter.last_gradient_s >= t_prev:
+        if self.hooked and self.meter.last_gradient_s >= t_prev:
             return float(self.meter.last_gradient_s)
         return self._t_call if self._t_call >= t_prev else t_prev
 
+    def _comm_wait(self) -> float:
+        """The exposed communication waits the meter noted since the previous step (NaN: none, or not on CPU)."""
+        if not self.comm_measured:
+            return math.nan
+        waits = self.meter.waits
+        new, self._waits_seen = waits[self._waits_seen:], len(waits)
+        return sum(new) if new else math.nan
+
     def close_block(self) -> None:
-        """Read the other threads and spread their time evenly over the block's steps; rescan the thread list."""
-        if self.main is None or self.others is None or not self._block_steps:
+        """Read the other threads and spread their time evenly over the block's steps.
+
+        The thread list is rescanned every ``RESCAN`` blocks (a listing costs twice a block's reads): a thread
+        or worker process started meanwhile is found then, and its time since it started counted in that block.
+        """
+        if self._fd is None or self.others is None or not self._block_steps:
             return
-        self.others.rescan()  # before reading: a thread born in this block is read whole
+        if self._blocks % RESCAN == 0:
+            self.others.rescan()  # before reading: a thread found now is read whole
+        self._blocks += 1
         per = self.others.read()
-        n, measured = self._block_steps, self._block_measured
-        if measured:
-            cpu = sum(c for c, _ in per.values()) * 1e-9 / n
-            runq = sum(r for _, r in per.values()) * 1e-9 / n
-            for i in measured:
-                self.cpu_others[i], self.runq_others[i] = cpu, runq
-            share = len(measured) / n
+        n, m = self._block_steps, self._block_measured
+        if m:
+            share = (sum(c for c, _ in per.values()) / n, sum(r for _, r in per.values()) / n)
+            self._others.extend([share] * m)
             for cls, (c, r) in per.items():
-                self.cpu_ns[cls] += c * share
-                self.runq_ns[cls] += r * share
-        self._block_steps, self._block_measured = 0, []
+                self.cpu_ns[cls] += c * m / n
+                self.runq_ns[cls] += r * m / n
+        self._block_steps = self._block_measured = 0
 
     def pause(self) -> None:
         """Work that is not step time starts (evaluation, a checkpoint): close the block."""
@@ -143,12 +152,14 @@ class Accounting:
 
     def resume(self) -> None:
         """Step time resumes: what the threads did meanwhile is not counted."""
-        if self.main is None or self.others is None:
+        if self._fd is None or self.others is None:
             return
-        self.main.delta()
+        self._others.extend([(math.nan, math.nan)] * self._block_measured)  # a block left open: no share
+        self._cpu, self._runq = self._read_main()
         self.others.rescan()
         self.others.read()
-        self._block_steps, self._block_measured = 0, []
+        self._block_steps = self._block_measured = 0
+        self._blocks = 1  # just rescanned
         self._waits_seen = len(self.meter.waits) if self.comm_measured else 0
         self._t_call = time.perf_counter()
 
@@ -156,25 +167,28 @@ class Accounting:
         """After the last step, before the loader stops: the last block is read, descriptors closed."""
         self.close_block()
         if self.others is not None:
-            self.others.close()
-        if self.main is not None:
-            self.main.close()
-        self.main = None  # the thread set stays: its counts go into the report
+            self.others.close()  # the thread set stays: its counts go into the report
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
 
     # ---- results
     def row(self, i: int) -> list[float]:
         """Columns 4-8 of measured step ``i``'s ``rank_steps`` row (arrival on rank 0's clock, not yet shifted)."""
-        if i >= len(self.runq_main):
+        if i >= len(self._steps):
             return list(NAN_ROW)
-        return [self.runq_main[i], self.runq_main[i] + self.runq_others[i], self.cpu_main[i] + self.cpu_others[i],
-                self.comm_wait[i], self.arrival[i]]
+        cpu, runq, arrival, comm = self._steps[i]
+        o_cpu, o_runq = self._others[i] if i < len(self._others) else (math.nan, math.nan)
+        return [runq * 1e-9, (runq + o_runq) * 1e-9, (cpu + o_cpu) * 1e-9, comm, arrival]
 
     def report(self) -> dict[str, Any]:
         """This rank's part of the summary's ``accounting`` (``merge_accounting`` joins the ranks')."""
-        n = len(self.runq_main)
-        threads = dict(self.others.counts) if self.others is not None else dict.fromkeys(THREAD_CLASSES, 0)
+        n = len(self._steps)
+        cpu_ns = {**self.cpu_ns, "main": float(sum(s[0] for s in self._steps))}
+        runq_ns = {**self.runq_ns, "main": float(sum(s[1] for s in self._steps))}
+        threads = dict(self.others.counts) if self.others is not None else {}
         return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "reason": self.reason,
                 "offset": self.offset, "bound": self.bound, "origin": self.origin, **local_cpu_limits(),
-                "threads": threads if self.reason is None else {},
-                "cpu_s": {c: v * 1e-9 / n if n else math.nan for c, v in self.cpu_ns.items()},
-                "runq_s": {c: v * 1e-9 / n if n else math.nan for c, v in self.runq_ns.items()}}
+                "threads": threads,
+                "cpu_s": {c: cpu_ns[c] * 1e-9 / n if n else math.nan for c in THREAD_CLASSES},
+                "runq_s": {c: runq_ns[c] * 1e-9 / n if n else math.nan for c in THREAD_CLASSES}}
