@@ -6,7 +6,8 @@ ABBA order so that drift and a slow spell of the shared machine fall on both:
 
 1. **Inside one run** (the result): a loop on the run API switches the run's accounting on and off every
    chunk of 24 steps (one pass through the three phases; the instruments' ``accounting`` set to the run's
-   own or to None, and re-based with ``resume()`` when it comes back, a cost counted in the chunk). A
+   own or to None, and re-based with ``resume()`` when it comes back, outside the chunk's time: a run
+   re-bases once, at its start). A
    chunk's step time is its mean, every step counted (the per-block reads land on single steps, which a
    median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
    the accounting's); ``overhead_ratio`` is the median over adjacent on/off chunk pairs of their ratio,
@@ -85,12 +86,13 @@ def toggled_chunks(chunks: int) -> dict[str, list[float]]:
                 mode = "on" if ins.accounting is not None else "off"
                 out[mode].append(clipped_mean(times))
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
-            times, cpu0 = [], time.thread_time()
             on = (k // CHUNK) % 4 in (0, 3)
             if on and ins.accounting is None:
                 acct.resume()  # readings restart: what the threads did while it was off is not counted
             ins.accounting = acct if on else None
-        t_prev = now  # the switch above is paid by the chunk's first step
+            times, cpu0 = [], time.thread_time()
+            now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
+        t_prev = now
     ins.accounting = acct
     run.finish()
     return out
