@@ -27,16 +27,16 @@ import threading
 import time
 from typing import Any
 
+from ...config import STEP_ROW
 from .accounting_summary import local_cpu_limits
 from .clocks import measure_offset
-from .phases import ROW_COLUMNS
 from .schedstat import THREAD_CLASSES, ThreadSet, available, read_schedstat
 
 __all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW"]
 
 BLOCK = 8  # steps per read of the other threads when no phase plan sets the block
 RESCAN = 4  # blocks per rescan of the thread list
-NAN_ROW = [math.nan] * (len(ROW_COLUMNS) - 4)  # rank_steps columns 4-8 of a step without accounting
+NAN_ROW = [math.nan] * (len(STEP_ROW) - 4)  # rank_steps columns 4-8 of a step without accounting
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
 
 

@@ -17,11 +17,7 @@ from typing import Any
 from ...config import PHASE_FLAGS, Config
 from ..summary import median_spread
 
-__all__ = ["PhasePlan", "StepMode", "local_phase_stats", "merge_phase_stats", "ROW_COLUMNS"]
-
-# The columns of a ``rank_steps`` row (one measured step of one rank in one phase).
-ROW_COLUMNS = ("cycle", "step_s", "compute_s", "data_wait_s", "runq_main_s", "runq_all_s", "cpu_all_s",
-               "comm_wait_s", "arrival_s")
+__all__ = ["PhasePlan", "StepMode", "local_phase_stats", "merge_phase_stats"]
 
 @dataclass(frozen=True)
 class StepMode:
@@ -86,7 +82,7 @@ def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int, origi
 
     ``rank_steps`` keeps every rank's timed steps as rows, so the lab can resample whole cycles (its bootstrap)
     instead of trusting a normal-theory spread: ``[cycle, step s, compute s, data wait s, runq_main s,
-    runq_all s, cpu_all s, comm_wait s, arrival s]`` (``ROW_COLUMNS``; columns 4-8 are the per-rank accounting,
+    runq_all s, cpu_all s, comm_wait s, arrival s]`` (``config.STEP_ROW``; columns 4-8 are the per-rank accounting,
     NaN without it). Arrivals come on rank 0's clock; ``origin`` (rank 0's loop start on it) is subtracted.
     """
     out: dict[str, dict[str, Any]] = {}

@@ -182,13 +182,14 @@ def test_offset_measured_through_a_real_store_on_one_clock_is_zero_within_its_bo
 
 
 def test_rows_without_accounting_keep_nine_columns_and_arrivals_count_from_rank0_loop_start():
+    from trainscale.config import STEP_ROW
     from trainscale.train.instruments.accounting import NAN_ROW
-    from trainscale.train.instruments.phases import ROW_COLUMNS, local_phase_stats, merge_phase_stats
+    from trainscale.train.instruments.phases import local_phase_stats, merge_phase_stats
     marks, steps, waits, compute, cycles = ["base", "base"], [0.2, 0.3], [0.01, 0.02], [0.1, 0.1], [0, 0]
     off = local_phase_stats(marks, steps, waits, compute, cycles, [list(NAN_ROW)] * 2)
     on = local_phase_stats(marks, steps, waits, compute, cycles, [[0.0, 0.1, 0.2, 0.01, 100.5]] * 2)
     merged = merge_phase_stats([off, on], global_batch=8, origin=100.0)["base"]["rank_steps"]
-    assert [len(r) for rows in merged for r in rows] == [len(ROW_COLUMNS)] * 4 == [9] * 4
+    assert [len(r) for rows in merged for r in rows] == [len(STEP_ROW)] * 4 == [9] * 4
     assert all(math.isnan(x) for x in merged[0][0][4:])
     assert merged[1][0][8] == pytest.approx(0.5) and merged[1][0][:4] == [0, 0.2, 0.1, 0.01]
     assert on["base"][7][0][8] == 100.5  # the rank's own rows are left as they were
