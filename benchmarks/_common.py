@@ -45,3 +45,14 @@ def launch_runs(nproc: int, cases: list[tuple[str, list[str]]], timeout: float =
         if p.returncode != 0:
             raise SystemExit(f"trainscale launch failed ({p.returncode}):\n{p.stderr[-3000:]}")
         return {name: json.loads((Path(d) / name / "run.json").read_text()) for name, _ in cases}
+
+
+def launch_self(script: str, args: list[str], nproc: int = 2) -> dict[str, Any]:
+    """Launch ``script ARGS --worker-out FILE`` as a job of ``nproc`` processes; return what rank 0 wrote to FILE."""
+    from trainscale.distributed import LaunchSpec, launch
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "r.json"
+        launch(LaunchSpec(script=script, nproc_per_node=nproc, print_table=False,
+                          args=[*args, "--worker-out", str(out)]))
+        return json.loads(out.read_text())

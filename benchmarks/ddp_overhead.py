@@ -14,7 +14,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -114,14 +113,9 @@ def main() -> None:
     if a.worker_out:
         worker(a.rounds, a.steps, a.worker_out)
         return
-    from trainscale.distributed import LaunchSpec, launch
+    from _common import emit, launch_self, spread
 
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "r.json"
-        launch(LaunchSpec(script=__file__, nproc_per_node=2, print_table=False,
-                          args=["--rounds", str(a.rounds), "--steps", str(a.steps), "--worker-out", str(out)]))
-        r = json.loads(out.read_text())
-    from _common import emit, spread
+    r = launch_self(__file__, ["--rounds", str(a.rounds), "--steps", str(a.steps)])
 
     ts, api, plain = (statistics.median(r[k]) for k in ("ts", "api", "plain"))
     for i, (t, u, p) in enumerate(zip(r["ts"], r["api"], r["plain"])):

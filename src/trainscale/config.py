@@ -346,6 +346,10 @@ class LogConfig(_Section):
     timeline: bool = _f(False, "write timeline.json (Chrome trace / Perfetto) in the run's folder: per rank, spans for "
                         "data wait, forward+backward, waiting for the slowest rank, exposed communication, optimizer")
     timeline_steps: int = _f(50, "how many of the last measured steps the timeline keeps")
+    accounting: bool = _f(True, "per-rank time accounting (Linux): each step's run-queue wait and CPU time of the "
+                          "rank's threads (from /proc schedstat), its exposed communication wait and when its last "
+                          "gradient was ready on a clock common to all ranks; in the summary's accounting object "
+                          "and per-step rank_steps rows (benchmarks/doctor_accounting.py measures its cost)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -28,7 +28,10 @@ from ..log import logger
 from .datasets import DataInfo
 from .sampler import BatchKey, EpochBatchSampler, ShardedSampler, eval_indices
 
-__all__ = ["DeviceNormalize", "ToDevice", "TrainLoader", "Prefetcher", "eval_batches", "batch_len", "move_to"]
+__all__ = ["DeviceNormalize", "ToDevice", "TrainLoader", "Prefetcher", "eval_batches", "batch_len", "move_to",
+           "PREFETCH_THREAD"]
+
+PREFETCH_THREAD = "trainscale-prefetch"  # the per-rank accounting counts this thread as the loader's
 
 
 def _collate(batch: Any) -> Any:
@@ -157,7 +160,7 @@ class Prefetcher:
         self._q: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._thread: threading.Thread | None = None
         if depth > 0:
-            self._thread = threading.Thread(target=self._run, name="trainscale-prefetch", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=PREFETCH_THREAD, daemon=True)
             self._thread.start()
 
     def _produce(self) -> tuple[Any, ...]:

@@ -60,6 +60,16 @@ class CommMeter:
     def _grad_ready(self, _p: torch.Tensor) -> None:
         self._t_grad = time.perf_counter()
 
+    @property
+    def hooked(self) -> bool:
+        """Whether gradients are time-stamped (CPU): ``last_gradient_s`` and ``waits`` are then measured."""
+        return bool(self._handles)
+
+    @property
+    def last_gradient_s(self) -> float:
+        """``time.perf_counter()`` when the latest gradient was accumulated (0 before the first)."""
+        return self._t_grad
+
     def backward_done(self) -> None:
         """Called when backward (DDP's wait for its last bucket included) has returned."""
         if self._handles:

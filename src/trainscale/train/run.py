@@ -39,7 +39,7 @@ from ..strategies import Strategy, apply_strategy, apply_zero
 from .checkpointer import Checkpointer
 from .errors import RunError
 from .guard import Guard
-from .instruments import Instruments, StepMode
+from .instruments import Instruments, StepMode, start_accounting
 from .instruments.losses import LossWindow
 from .loading import is_ready_loader, make_loader
 from .logpoints import LogPoints
@@ -142,7 +142,11 @@ class Run:
         if optimizer is not None and self.cfg.strategy.shard_optimizer:
             optimizer = apply_zero(optimizer)
         self.optimizer = optimizer
-        self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, st.module, self.out_dir)
+        # The accounting's clock offsets are measured through the store: every rank is here (prepare is collective).
+        acct = start_accounting(self.env.rank, self.env.world_size, self.guard.store, st.meter, self.device.type,
+                                self.guard.attempt) if self.cfg.log.accounting else None
+        self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, st.module, self.out_dir,
+                                       acct)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
@@ -189,7 +193,7 @@ class Run:
         self.total_steps = self.forced_steps or steps or max(1, loader.batches_per_epoch // self.accum)
         if self.points.start(self.total_steps, self.step_count):
             self.losses.start()
-            ins.t_prev = self.losses.t_loop
+            ins.loop_starts(self.losses.t_loop)
         guard = self.guard
         while self.step_count < self.total_steps:
             if guard.at_boundary(self.step_count):  # one bool test unless a SIGTERM came
@@ -398,6 +402,8 @@ class Run:
             return
         loop["ended"] = True
         self.points.close_view()
+        if self.instruments is not None:
+            self.instruments.end_steps()  # the accounting's last read, while the loader's threads still run
         self._close_io()
         if self.instruments is not None:
             self.instruments.finish(self.env.world_size)

@@ -22,7 +22,7 @@ from ..distributed import DistEnv
 from ..distributed.env import cluster_fields
 from ..log import logger
 from ..strategies import Strategy
-from .instruments import Instruments, merge_phase_stats, write_trace
+from .instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
 from .instruments.losses import LossWindow
 from .summary import SCHEMA_VERSION, median_spread
 
@@ -109,9 +109,14 @@ def _loader_fields(loader: Any, env: DistEnv, shards: int) -> dict[str, Any]:
 
 
 def _rank_fields(per_rank: list[Any], ins: Instruments, global_batch: int) -> dict[str, Any]:
-    """Per-rank compute, step, data wait and CPU, and the paired experiments' phases, from ``local_stats``."""
+    """Per-rank compute, step, data wait and CPU, the paired experiments' phases and the time accounting,
+    from ``local_stats``."""
+    reports = [r[6] for r in per_rank]
+    acct = merge_accounting(reports) if all(reports) else None
+    origin = reports[0]["origin"] if acct else 0.0  # rank 0's loop start: arrivals count from it
     return {
-        "phases": merge_phase_stats([r[4] for r in per_rank], global_batch) if ins.plan else None,
+        "phases": merge_phase_stats([r[4] for r in per_rank], global_batch, origin) if ins.plan else None,
+        "accounting": acct,
         "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
         "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
         "rank_cpu_s": [r[5] for r in per_rank], "compute_s": per_rank[0][0],

@@ -18,20 +18,27 @@ import torch
 from torch import nn
 
 from ...config import Config
+from .accounting import NAN_ROW, Accounting, start_accounting
+from .accounting_summary import merge_accounting
 from .compute import ComputeClock, SleepCompute, SlowRank, leaf_modules
 from .phases import PhasePlan, StepMode, local_phase_stats, merge_phase_stats
 from .profile import OpProfiler
 from .timeline import StepTimeline, write_trace
 
 __all__ = ["Instruments", "StepMode", "ComputeClock", "SleepCompute", "SlowRank", "OpProfiler", "PhasePlan",
-           "leaf_modules", "merge_phase_stats", "StepTimeline", "write_trace"]
+           "leaf_modules", "merge_phase_stats", "StepTimeline", "write_trace", "Accounting", "start_accounting",
+           "merge_accounting"]
 
 
 class Instruments:
-    """The run's instruments, driven by the run API at four points: batch taken, loss, step done, finish."""
+    """The run's instruments, driven by the run API at four points: batch taken, loss, step done, finish.
+
+    ``accounting``: the per-rank time accounting (``log.accounting``), already started (its clock offset is
+    measured collectively by ``start_accounting``); None when off.
+    """
 
     def __init__(self, cfg: Config, rank: int, is_main: bool, device: torch.device, module: nn.Module,
-                 out_dir: Path):
+                 out_dir: Path, accounting: Accounting | None = None):
         self.cfg, self.device, self.out_dir, self.is_main = cfg, device, out_dir, is_main
         a = cfg.ablate
         self.clock = ComputeClock(device)
@@ -55,6 +62,9 @@ class Instruments:
         self.cycles: list[int] = []  # per measured step: its pass through the phases
         self.artefacts: dict[str, Any] = {}
         self.timeline = StepTimeline(cfg.log.timeline_steps) if cfg.log.timeline else None
+        self.accounting = accounting
+        if accounting is not None:  # read the other threads once per phase block: the block's rows share a phase
+            accounting.schedule(self.warm, self.plan.block if self.plan else 0)
         self.t_prev = time.perf_counter()
         # Process CPU seconds (every thread: intra-op, Gloo's, the loader's) over the measured steps: what a
         # step costs a shared CPU host, whatever share of the cores the run got (the planner's input).
@@ -85,10 +95,20 @@ class Instruments:
         if self.timeline is not None:
             self.timeline.forward_starts(time.perf_counter())
 
+    def loop_starts(self, t: float) -> None:
+        """The training loop starts at ``t`` (``time.perf_counter``): the first step's clock starts."""
+        self.t_prev = t
+        if self.accounting is not None:
+            self.accounting.loop_starts(t)
+
     def step_called(self) -> None:
-        """``run.step()`` entered (the timeline's seam after backward)."""
-        if self.timeline is not None:
-            self.timeline.step_called(time.perf_counter())
+        """``run.step()`` entered (the timeline's seam after backward; a rank's arrival without gradient hooks)."""
+        if self.timeline is not None or self.accounting is not None:
+            now = time.perf_counter()
+            if self.timeline is not None:
+                self.timeline.step_called(now)
+            if self.accounting is not None:
+                self.accounting.step_called(now)
 
     def optimizer_starts(self) -> None:
         """Gradients are exchanged; the optimizer runs next (the timeline's seam)."""
@@ -110,6 +130,8 @@ class Instruments:
         self.clock.end_step(measured)
         if self.timeline is not None:
             self.timeline.step_done(step, self.t_prev, self._wait, now, measured)
+        if self.accounting is not None:  # after ``now``: its reads are paid by the next step's time
+            self.accounting.step_done(step, measured, self.t_prev)
         cpu = time.process_time()
         if measured:
             self.cpu_s += cpu - self.cpu_prev
@@ -137,12 +159,21 @@ class Instruments:
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """Work between steps that is not step time (evaluation, checkpoints)."""
+        if self.accounting is not None:
+            self.accounting.pause()
         try:
             yield
         finally:
             self.t_prev, self.cpu_prev = time.perf_counter(), time.process_time()
+            if self.accounting is not None:
+                self.accounting.resume()
 
     # ---- end of the run
+    def end_steps(self) -> None:
+        """After the last step, before the loaders stop: the accounting reads its last block."""
+        if self.accounting is not None:
+            self.accounting.end()
+
     def finish(self, world_size: int) -> None:
         """Real modules back (evaluation uses them) and the profile written."""
         if self.sleep:
@@ -157,12 +188,18 @@ class Instruments:
         return self.timeline.export(self.clock.values(), self.warm + 1)
 
     def local_stats(self) -> tuple[Any, ...]:
-        """This rank's (compute median, compute spread, step median, wait median, phases, mean CPU s per step)."""
+        """This rank's (compute median, compute spread, step median, wait median, phases, mean CPU s per step,
+        accounting report or None)."""
         from ..summary import median_spread
         compute = self.clock.values()
-        phases = local_phase_stats(self.marks, self.step_times, self.waits, compute, self.cycles) if self.plan else {}
+        acct = self.accounting
+        extra = [acct.row(i) if acct is not None else list(NAN_ROW) for i in range(len(self.step_times))]
+        phases = local_phase_stats(self.marks, self.step_times, self.waits, compute, self.cycles, extra) \
+            if self.plan else {}
         cpu = self.cpu_s / len(self.step_times) if self.step_times else float("nan")
-        return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases, cpu)
+        report = acct.report() if acct is not None else None
+        return (*median_spread(compute), median_spread(self.step_times)[0], median_spread(self.waits)[0], phases, cpu,
+                report)
 
     def _write_sleep_times(self) -> str:
         path = self.out_dir / "sleep_times.json"

@@ -60,25 +60,30 @@ class PhasePlan:
 
 
 def local_phase_stats(marks: list[str | None], step_times: list[float], waits: list[float],
-                      compute: list[float], cycles: list[int]) -> dict[str, tuple[Any, ...]]:
+                      compute: list[float], cycles: list[int], extra: list[list[float]] | None = None
+                      ) -> dict[str, tuple[Any, ...]]:
     """This rank's per phase: (compute median, compute spread, step median, step spread, steps, step s, wait s,
-    per-step [cycle, step s, compute s, wait s] rows)."""
+    per-step [cycle, step s, compute s, wait s, *extra] rows); ``extra``: the accounting's columns per step."""
     out = {}
     for name in dict.fromkeys(m for m in marks if m):
         idx = [i for i, m in enumerate(marks) if m == name]
         steps = [step_times[i] for i in idx]
         med, spread = median_spread(steps)
         comp = median_spread([compute[i] for i in idx if i < len(compute)])
-        rows = [[cycles[i], step_times[i], compute[i] if i < len(compute) else float("nan"), waits[i]] for i in idx]
+        rows = [[cycles[i], step_times[i], compute[i] if i < len(compute) else float("nan"), waits[i],
+                 *(extra[i] if extra else ())] for i in idx]
         out[name] = (*comp, med, spread, len(idx), sum(steps), sum(waits[i] for i in idx), rows)
     return out
 
 
-def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int) -> dict[str, dict[str, Any]]:
+def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int, origin: float = 0.0
+                      ) -> dict[str, dict[str, Any]]:
     """Per-phase fields shaped like the run summary's own (rank 0's median and spread, per-rank lists).
 
-    ``rank_steps`` keeps every rank's timed steps as [cycle, step s, compute s, data wait s] rows, so the lab
-    can resample whole cycles (its bootstrap) instead of trusting a normal-theory spread.
+    ``rank_steps`` keeps every rank's timed steps as rows, so the lab can resample whole cycles (its bootstrap)
+    instead of trusting a normal-theory spread: ``[cycle, step s, compute s, data wait s, runq_main s,
+    runq_all s, cpu_all s, comm_wait s, arrival s]`` (``config.STEP_ROW``; columns 4-8 are the per-rank accounting,
+    NaN without it). Arrivals come on rank 0's clock; ``origin`` (rank 0's loop start on it) is subtracted.
     """
     out: dict[str, dict[str, Any]] = {}
     for name, (_, _, med, spread, n, total, wait, _rows) in per_rank[0].items():
@@ -88,5 +93,10 @@ def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int) -> di
                      "rank_compute_s": [r[name][0] for r in per_rank],
                      "rank_compute_spread": [r[name][1] for r in per_rank],
                      "rank_step_time_s": [r[name][2] for r in per_rank],
-                     "rank_steps": [r[name][7] for r in per_rank]}
+                     "rank_steps": [[_shifted(row, origin) for row in r[name][7]] for r in per_rank]}
     return out
+
+
+def _shifted(row: list[float], origin: float) -> list[float]:
+    """``row`` with its arrival (column 8) counted from ``origin``."""
+    return [*row[:8], row[8] - origin, *row[9:]] if len(row) > 8 else row

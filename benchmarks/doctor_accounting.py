@@ -1,0 +1,214 @@
+"""The per-rank time accounting's cost on the step: ``log.accounting`` on against off, 2 processes, same job.
+
+The doctor's kind of run: the default job (an MLP on digits), ``--ablate.phases base,no_data,no_comm`` in
+blocks of 8 steps, 2 processes under ``trainscale launch``. Two comparisons, both alternating on and off in
+ABBA order so that drift and a slow spell of the shared machine fall on both:
+
+1. **Inside one run** (the result): a loop on the run API switches the run's accounting on and off every
+   chunk of 24 steps (one pass through the three phases; the instruments' ``accounting`` set to the run's
+   own or to None, and re-based with ``resume()`` when it comes back, outside the chunk's time: a run
+   re-bases once, at its start). A
+   chunk's step time is its mean, every step counted (the per-block reads land on single steps, which a
+   median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
+   the accounting's); ``overhead_ratio`` is the median over adjacent on/off chunk pairs of their ratio,
+   ``ratio_ci90`` its 90% bootstrap interval, ``ratio_p10``/``ratio_p90`` the spread of single pairs.
+   ``cpu_ratio``: the same for the training thread's CPU seconds per step (``time.thread_time``), which a
+   wait for the CPU does not inflate: on a machine shared with other work it resolves what the wall clock
+   cannot, and on a quiet one the step's overhead is this added CPU time on its critical path.
+2. **Whole runs** (``trainscale train``'s Trainer with ``--log.accounting true/false``) in the same process
+   group: the same ratio over pairs of runs, whose run-to-run noise on a shared machine is far larger.
+
+Then, in the same processes, the cost of each read: the training thread's schedstat (every step), one
+block's reads of the other threads with the thread-list rescan, and the alternative of reading every thread
+at every step. Last line: one JSON object with ``overhead_ratio``.
+Run: python benchmarks/doctor_accounting.py [--chunks 300 --pairs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+JOB = ["--log.progress", "none", "--data.eval_size", "0", "--log.metrics", "false", "--log.skip_first", "3",
+       "--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "8"]
+CHUNK = 24  # steps per on or off chunk: one pass through the three phases
+CLIP = 2.0
+
+
+def mean_step_s(summary: dict) -> float:
+    """Mean seconds per measured step, every step counted (a block's reads land on one step)."""
+    return summary["global_batch"] / summary["samples_per_s"]
+
+
+def clipped_mean(times: list[float]) -> float:
+    """Mean step time with each step capped at ``CLIP`` x the median: a block's reads (tens of us) count in full,
+    a pause of the shared machine (tens of ms) counts as a slow step, not as ten."""
+    cap = CLIP * statistics.median(times)
+    return statistics.fmean(min(t, cap) for t in times)
+
+
+def toggled_chunks(chunks: int) -> dict[str, list[float]]:
+    """Per chunk of one run whose accounting is on in chunks 0, 3, 4, 7, 8, ... (ABBA): mean step seconds
+    (``on``, ``off``) and the training thread's CPU seconds per step (``cpu_on``, ``cpu_off``)."""
+    import trainscale
+    from trainscale.data import build_datasets
+    from trainscale.models import build_model
+    from trainscale.models.losses import resolve_loss
+    from trainscale.train.trainer import build_optimizer
+
+    steps = 3 + chunks * CHUNK
+    run = trainscale.init(args=JOB + ["--job.steps", str(steps)])
+    cfg = run.cfg
+    train, _, info = build_datasets(cfg.data)
+    model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
+    model, opt, loader = run.prepare(model, build_optimizer(model.parameters(), cfg), train, data_info=info)
+    loss_fn = resolve_loss(cfg.job.loss)
+    ins = run.instruments
+    assert ins is not None and ins.accounting is not None
+    acct = ins.accounting
+    out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": []}
+    times: list[float] = []
+    t_prev = cpu0 = 0.0
+    for x, y in run.batches(loader, steps=steps):
+        run.forward_backward(x, y, loss_fn)
+        run.step()
+        now = time.perf_counter()
+        k = run.step_count - 3  # steps after warm-up
+        if k > 0:
+            times.append(now - t_prev)
+        if k >= 0 and k % CHUNK == 0:
+            if times:
+                mode = "on" if ins.accounting is not None else "off"
+                out[mode].append(clipped_mean(times))
+                out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
+            on = (k // CHUNK) % 4 in (0, 3)
+            if on and ins.accounting is None:
+                acct.resume()  # readings restart: what the threads did while it was off is not counted
+            ins.accounting = acct if on else None
+            times, cpu0 = [], time.thread_time()
+            now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
+        t_prev = now
+    ins.accounting = acct
+    run.finish()
+    return out
+
+
+def read_costs(n: int = 3000) -> dict[str, float]:
+    """Microseconds per read, on this rank's live threads (Gloo's, the intra-op pool's, the watchdog's)."""
+    from trainscale.train.instruments.accounting import BLOCK, RESCAN, Accounting
+
+    acct = Accounting(0, None, True, 0.0, 0.0)
+    acct.schedule(0, 10**9)  # no block closes inside the step timing below
+    acct.loop_starts(time.perf_counter())
+    t0 = time.perf_counter()
+    for i in range(n):
+        acct.step_done(i + 1, True, 0.0)
+    step_us = (time.perf_counter() - t0) / n * 1e6
+    others = acct.others
+    assert others is not None
+    t0 = time.perf_counter()
+    for _ in range(n):
+        others.rescan()
+    rescan_us = (time.perf_counter() - t0) / n * 1e6
+    t0 = time.perf_counter()
+    for _ in range(n):
+        others.read()
+    read_us = (time.perf_counter() - t0) / n * 1e6
+    threads = len(others.tasks)
+    acct.end()
+    per_step = step_us + read_us / BLOCK + rescan_us / (BLOCK * RESCAN)  # what a step pays in a run
+    return {"main_read_us": step_us, "block_read_us": read_us, "rescan_us": rescan_us,
+            "thread_read_us": read_us / max(1, threads), "other_threads": threads, "per_step_us": per_step,
+            "every_thread_every_step_us": step_us + read_us}
+
+
+def worker(chunks: int, pairs: int, out: str) -> None:
+    import json
+
+    from trainscale.config import load_config
+    from trainscale.distributed import init_distributed
+    from trainscale.train.trainer import Trainer
+
+    base = JOB + ["--job.steps", str(3 + 12 * CHUNK)]
+    init_distributed(load_config(base).job)  # one process group and thread setting for every run
+    inside = toggled_chunks(chunks)
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    for p in range(pairs):
+        for mode in (("on", "off") if p % 2 == 0 else ("off", "on")):  # ABBA: neither always runs first
+            cfg = load_config(base + ["--log.accounting", "true" if mode == "on" else "false"])
+            runs[mode].append(mean_step_s(Trainer(cfg).fit()))
+    if int(os.environ["RANK"]) == 0:
+        Path(out).write_text(json.dumps({"inside": inside, "runs": runs, "costs": read_costs()}))
+
+
+def quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def pair_ratios(r: dict[str, list[float]]) -> list[float]:
+    return [on / off for on, off in zip(r["on"], r["off"])]
+
+
+def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """90% bootstrap interval of the median of ``values`` (pairs resampled with replacement)."""
+    import random
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.05 * draws)], meds[int(0.95 * draws) - 1]
+
+
+def summary(r: dict[str, list[float]], label: str) -> dict[str, float]:
+    """Median on/off ratio over pairs with its 90% interval, the pairs' 10th-90th percentile spread, and the
+    ratio of the pooled means."""
+    ratios = pair_ratios(r)
+    if len(ratios) <= 20:
+        for i, (on, off, q) in enumerate(zip(r["on"], r["off"], ratios)):
+            print(f"{label} pair {i + 1}: on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms per step, ratio {q:.4f}",
+                  file=sys.stderr)
+    lo, hi = median_interval(ratios)
+    print(f"{label}: {len(ratios)} pairs, median on {statistics.median(r['on']) * 1e3:.3f} ms, off "
+          f"{statistics.median(r['off']) * 1e3:.3f} ms per step; ratio {statistics.median(ratios):.4f} "
+          f"(90% interval {lo:.4f}-{hi:.4f})", file=sys.stderr)
+    return {"ratio": statistics.median(ratios), "lo": lo, "hi": hi,
+            "p10": quantile(ratios, 0.1), "p90": quantile(ratios, 0.9),
+            "pooled": statistics.fmean(r["on"]) / statistics.fmean(r["off"]), "pairs": len(ratios),
+            "step_off_s": statistics.median(r["off"])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--chunks", type=int, default=300, help="chunks of 24 steps in the toggled run (half of them on)")
+    ap.add_argument("--pairs", type=int, default=4, help="pairs of whole runs, on and off")
+    ap.add_argument("--worker-out")
+    a = ap.parse_args()
+    if a.worker_out:
+        worker(a.chunks, a.pairs, a.worker_out)
+        return
+    from _common import emit, launch_self
+
+    r = launch_self(__file__, ["--chunks", str(a.chunks), "--pairs", str(a.pairs)])
+    inside, runs, c = summary(r["inside"], "chunk"), summary(r["runs"], "run"), r["costs"]
+    cpu = summary({"on": r["inside"]["cpu_on"], "off": r["inside"]["cpu_off"]}, "cpu")
+    print(f"reads: training thread {c['main_read_us']:.1f} us/step; other threads ({c['other_threads']}) "
+          f"{c['block_read_us']:.1f} us/block ({c['thread_read_us']:.1f} us each), rescan {c['rescan_us']:.1f} us; "
+          f"{c['per_step_us']:.1f} us per step in all; every thread every step would cost "
+          f"{c['every_thread_every_step_us']:.1f} us/step", file=sys.stderr)
+    expected = 1 + c["per_step_us"] * 1e-6 / inside["step_off_s"]
+    result: dict[str, Any] = {
+        "overhead_ratio": inside["ratio"], "ratio_ci90": [inside["lo"], inside["hi"]],
+        "ratio_p10": inside["p10"], "ratio_p90": inside["p90"],
+        "pooled_ratio": inside["pooled"], "chunk_pairs": inside["pairs"], "step_off_s": inside["step_off_s"],
+        "cpu_ratio": cpu["ratio"], "cpu_ratio_ci90": [cpu["lo"], cpu["hi"]], "cpu_off_s": cpu["step_off_s"],
+        "run_pairs_ratio": runs["ratio"], "run_pairs_p10": runs["p10"], "run_pairs_p90": runs["p90"],
+        "run_pairs": runs["pairs"], "expected_ratio_from_reads": expected, **c}
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

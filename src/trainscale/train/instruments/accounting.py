@@ -1,0 +1,194 @@
+"""Per-rank time accounting, measured: where each rank's threads spent each step (``log.accounting``).
+
+Per measured step, this rank records
+
+- the run-queue wait of its training thread (runnable, not running: another process or thread had the CPU)
+  and of all its threads (the backend's, the loader's, its workers' processes'), and their on-CPU time, from
+  the kernel's schedstat (``schedstat.py``);
+- the exposed communication wait of the step (``CommMeter``: from the last gradient to the end of the
+  exchange; CPU only);
+- when its last gradient became ready, on a clock common to all ranks (``clocks.py``): the rank that
+  arrives last at the step's collective is the one the others waited for.
+
+The training thread is read at every step (one ``os.pread``). The other threads are read once per block of
+steps (a block of ``ablate.phases``, else ``BLOCK`` steps), their thread list rescanned every ``RESCAN``
+blocks: a block's total is spread evenly over its steps, so ``runq_all_s`` and ``cpu_all_s`` of one step are
+its own training thread's time plus 1/n of the block's other threads' time. Reading every thread at every
+step would cost several times more (``benchmarks/doctor_accounting.py`` measures each read).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from ...config import STEP_ROW
+from .accounting_summary import local_cpu_limits
+from .clocks import measure_offset
+from .schedstat import THREAD_CLASSES, ThreadSet, available, read_schedstat
+
+__all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW"]
+
+BLOCK = 8  # steps per read of the other threads when no phase plan sets the block
+RESCAN = 4  # blocks per rescan of the thread list
+NAN_ROW = [math.nan] * (len(STEP_ROW) - 4)  # rank_steps columns 4-8 of a step without accounting
+_RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
+
+
+def start_accounting(rank: int, world: int, store: Any, meter: Any, device_type: str, attempt: int) -> Accounting:
+    """Measure the clock offset to rank 0 (collective: every rank calls it) and open this rank's accounting."""
+    key = f"trainscale/clock/{attempt}/{next(_RUNS)}"
+    offset, bound = measure_offset(store, rank, world, key)
+    return Accounting(rank, meter, device_type == "cpu", offset, bound)
+
+
+class Accounting:
+    """This rank's per-step accounting; the instruments call ``step_called``, ``step_done`` and the block seams.
+
+    The step's path is kept to one ``pread`` and one append: per measured step a tuple (training thread's
+    on-CPU ns, its run-queue ns, arrival on rank 0's clock, exposed communication wait); per block the other
+    threads' share per step. Rows and the report are built from these at the end.
+    """
+
+    def __init__(self, rank: int, meter: Any, comm_measured: bool, offset: float, bound: float):
+        self.rank, self.meter, self.offset, self.bound = rank, meter, offset, bound
+        self.hooked = meter is not None and meter.hooked
+        self.comm_measured = comm_measured and self.hooked
+        self.reason = available()
+        self.warm, self.block = 0, BLOCK
+        self.origin = math.nan  # the loop's start, on rank 0's clock
+        self.others: ThreadSet | None = None
+        self._fd: int | None = None
+        if self.reason is None:
+            tid = threading.get_native_id()  # the training thread: the one that builds the run
+            self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            self.others = ThreadSet(tid)
+            self.others.rescan()
+        self._cpu, self._runq = self._read_main()
+        self._steps: list[tuple[int, int, float, float]] = []  # per measured step: cpu ns, runq ns, arrival, comm
+        self._others: list[tuple[float, float]] = []  # per measured step: the other threads' cpu, runq ns
+        self.cpu_ns = dict.fromkeys(THREAD_CLASSES, 0.0)  # other classes, summed over measured steps
+        self.runq_ns = dict.fromkeys(THREAD_CLASSES, 0.0)
+        self._block_steps = self._block_measured = self._blocks = 0
+        self._waits_seen = 0
+        self._t_call = 0.0
+
+    def _read_main(self) -> tuple[int, int]:
+        return read_schedstat(self._fd) if self._fd is not None else (0, 0)
+
+    # ---- the step's seams
+    def schedule(self, warm: int, block: int) -> None:
+        """Steps 1..``warm`` are not measured; the other threads are read every ``block`` steps after them
+        (0: every ``BLOCK``)."""
+        self.warm, self.block = warm, block if block > 0 else BLOCK
+
+    def loop_starts(self, t: float) -> None:
+        """The training loop starts at ``t`` (this rank's clock): the origin of arrivals; readings restart."""
+        self.origin = t + self.offset
+        self.resume()
+
+    def step_called(self, now: float) -> None:
+        self._t_call = now
+
+    def step_done(self, step: int, measured: bool, t_prev: float) -> None:
+        """Step ``step`` (1-based, this run) ended; it began at ``t_prev``. One read of the training thread."""
+        fd = self._fd
+        if fd is None:
+            return
+        fields = os.pread(fd, 96, 0).split()
+        cpu, runq = int(fields[0]), int(fields[1])
+        if measured:
+            self._steps.append((cpu - self._cpu, runq - self._runq, self._arrival(t_prev) + self.offset,
+                                self._comm_wait()))
+            self._block_measured += 1
+        self._cpu, self._runq = cpu, runq
+        self._block_steps += 1
+        if step >= self.warm and (step - self.warm) % self.block == 0:
+            self.close_block()
+
+    def _arrival(self, t_prev: float) -> float:
+        """When this step's last gradient was ready; without gradient hooks, when ``run.step()`` was called."""
+        if self.hooked and self.meter.last_gradient_s >= t_prev:
+            return float(self.meter.last_gradient_s)
+        return self._t_call if self._t_call >= t_prev else t_prev
+
+    def _comm_wait(self) -> float:
+        """The exposed communication waits the meter noted since the previous step (NaN: none, or not on CPU)."""
+        if not self.comm_measured:
+            return math.nan
+        waits = self.meter.waits
+        new, self._waits_seen = waits[self._waits_seen:], len(waits)
+        return sum(new) if new else math.nan
+
+    def close_block(self) -> None:
+        """Read the other threads and spread their time evenly over the block's steps.
+
+        The thread list is rescanned every ``RESCAN`` blocks (a listing costs twice a block's reads): a thread
+        or worker process started meanwhile is found then, and its time since it started counted in that block.
+        """
+        if self._fd is None or self.others is None or not self._block_steps:
+            return
+        if self._blocks % RESCAN == 0:
+            self.others.rescan()  # before reading: a thread found now is read whole
+        self._blocks += 1
+        per = self.others.read()
+        n, m = self._block_steps, self._block_measured
+        if m:
+            share = (sum(c for c, _ in per.values()) / n, sum(r for _, r in per.values()) / n)
+            self._others.extend([share] * m)
+            for cls, (c, r) in per.items():
+                self.cpu_ns[cls] += c * m / n
+                self.runq_ns[cls] += r * m / n
+        self._block_steps = self._block_measured = 0
+
+    def pause(self) -> None:
+        """Work that is not step time starts (evaluation, a checkpoint): close the block."""
+        self.close_block()
+
+    def resume(self) -> None:
+        """Step time resumes: what the threads did meanwhile is not counted."""
+        if self._fd is None or self.others is None:
+            return
+        self._others.extend([(math.nan, math.nan)] * self._block_measured)  # a block left open: no share
+        self._cpu, self._runq = self._read_main()
+        self.others.rescan()
+        self.others.read()
+        self._block_steps = self._block_measured = 0
+        self._blocks = 1  # just rescanned
+        self._waits_seen = len(self.meter.waits) if self.comm_measured else 0
+        self._t_call = time.perf_counter()
+
+    def end(self) -> None:
+        """After the last step, before the loader stops: the last block is read, descriptors closed."""
+        self.close_block()
+        if self.others is not None:
+            self.others.close()  # the thread set stays: its counts go into the report
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+
+    # ---- results
+    def row(self, i: int) -> list[float]:
+        """Columns 4-8 of measured step ``i``'s ``rank_steps`` row (arrival on rank 0's clock, not yet shifted)."""
+        if i >= len(self._steps):
+            return list(NAN_ROW)
+        cpu, runq, arrival, comm = self._steps[i]
+        o_cpu, o_runq = self._others[i] if i < len(self._others) else (math.nan, math.nan)
+        return [runq * 1e-9, (runq + o_runq) * 1e-9, (cpu + o_cpu) * 1e-9, comm, arrival]
+
+    def report(self) -> dict[str, Any]:
+        """This rank's part of the summary's ``accounting`` (``merge_accounting`` joins the ranks')."""
+        n = len(self._steps)
+        cpu_ns = {**self.cpu_ns, "main": float(sum(s[0] for s in self._steps))}
+        runq_ns = {**self.runq_ns, "main": float(sum(s[1] for s in self._steps))}
+        threads = dict(self.others.counts) if self.others is not None else {}
+        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "reason": self.reason,
+                "offset": self.offset, "bound": self.bound, "origin": self.origin, **local_cpu_limits(),
+                "threads": threads,
+                "cpu_s": {c: cpu_ns[c] * 1e-9 / n if n else math.nan for c in THREAD_CLASSES},
+                "runq_s": {c: runq_ns[c] * 1e-9 / n if n else math.nan for c in THREAD_CLASSES}}

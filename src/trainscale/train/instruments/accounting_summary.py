@@ -1,0 +1,58 @@
+"""The run summary's ``accounting`` object, joined from every rank's ``Accounting.report()``."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["merge_accounting", "cgroup_cores", "local_cpu_limits", "job_cores"]
+
+_RANK_KEYS = ("rank", "pid", "host", "threads", "cpu_s", "runq_s")
+
+
+def cgroup_cores(root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 ``cpu.max``, v1 ``cfs_quota_us``); inf if none."""
+    try:
+        v2_quota, v2_period = (root / "cpu.max").read_text().split()[:2]
+        return math.inf if v2_quota == "max" else int(v2_quota) / int(v2_period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return math.inf if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return math.inf
+
+
+def local_cpu_limits() -> dict[str, Any]:
+    """This process's CPUs: its affinity and its cgroup's quota (None: no quota)."""
+    quota = cgroup_cores()
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return {"affinity": affinity, "quota": None if math.isinf(quota) else quota}
+
+
+def job_cores(reports: list[dict[str, Any]]) -> int:
+    """Cores the job may use on rank 0's host: the union of its ranks' affinities, capped by the cgroup quota."""
+    host = reports[0]["host"]
+    here = [r for r in reports if r["host"] == host]
+    cpus = set().union(*(r["affinity"] for r in here))
+    quotas = [r["quota"] for r in here if r.get("quota")]
+    cap = math.ceil(min(quotas)) if quotas else len(cpus)
+    return max(1, min(len(cpus), cap))
+
+
+def merge_accounting(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``accounting`` object: method, clock offsets and their error bound, cores, and per rank its threads.
+
+    ``cpu_s`` and ``runq_s`` hold per thread class the mean seconds per measured step. Offsets are measured
+    even where schedstat is unavailable (then ``ranks`` is empty and the rows' columns 4-8 are NaN).
+    """
+    reason = next((f"rank {r['rank']}: {r['reason']}" for r in reports if r["reason"]), None)
+    return {"method": "unavailable" if reason else "schedstat", "reason": reason,
+            "clock_offsets_s": [r["offset"] for r in reports],
+            "clock_error_s": max(r["bound"] for r in reports),
+            "cores": job_cores(reports),
+            "ranks": [] if reason else [{k: r[k] for k in _RANK_KEYS} for r in reports]}
