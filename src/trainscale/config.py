@@ -365,9 +365,10 @@ PHASES = tuple(PHASE_FLAGS)
 # The spans of one step in timeline.json, in the order they happen (the timeline and the doctor's plots share them).
 SPANS = ("data wait", "host work", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
 # The columns of a phase's per-step rows (``phases.<name>.rank_steps[rank][i]`` in the run summary), seconds.
-# runq: time runnable but not running (Linux schedstat); arrival: when the rank's last gradient was ready, on a
+# runq: time runnable but not running (Linux schedstat); runq_crit: of the threads a step waits for (the
+# main thread and the backend's: collectives, intra-op), not the loader's, whose waits show as data wait; arrival: when the rank's last gradient was ready, on a
 # clock common to all ranks. Older summaries have the first four only; a column a run did not measure is NaN.
-STEP_ROW = ("cycle", "step_s", "compute_s", "data_wait_s", "runq_main_s", "runq_all_s", "cpu_all_s", "comm_wait_s",
+STEP_ROW = ("cycle", "step_s", "compute_s", "data_wait_s", "runq_main_s", "runq_crit_s", "cpu_all_s", "comm_wait_s",
             "arrival_s")
 
 

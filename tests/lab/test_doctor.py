@@ -139,7 +139,11 @@ def test_a_busy_neighbour_is_named_with_its_pid_on_the_default_job(tmp_path):
     assert r.rc == 0, r.text
     doc = read_json(out / "doctor.json")
     assert any(p["pid"] == hog.pid for p in doc["external"]["top"]), doc["external"]
-    ext = [c for c in doc["causes"] if c["name"] == "external_load"]
-    assert ext and any(p["pid"] == hog.pid for p in ext[0]["processes"]), doc["causes"]
+    # Measured (the ranks' run-queue wait) where schedstat exists, else the time-sharing model: either names it.
+    ext = [c for c in doc["causes"] if c["name"] in ("cpu_contention", "external_load")]
+    named = ext and [p["pid"] for p in ext[0].get("processes") or ext[0].get("who", {}).get("outside", [])]
+    assert named and hog.pid in named, doc["causes"]
     assert doc["config"]["threads_per_process"] == 1  # 1 and 2 processes compared with equal threads
-    assert "external_load" in r.out and doc["efficiency"] <= 1.0 or "Efficiency above 100%" in (out / "doctor.md").read_text()
+    assert (ext[0]["name"] in r.out and doc["efficiency"] <= 1.0
+            or "Efficiency above 100%" in (out / "doctor.md").read_text())
+    assert doc["invariants"] == []

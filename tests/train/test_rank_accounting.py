@@ -134,7 +134,7 @@ def test_accounting_rows_spread_each_block_of_other_threads_evenly():
     rows = [acct.row(i) for i in range(9)]
     assert len(rows) == 9 and all(len(r) == 5 for r in rows)
     for block in (rows[0:3], rows[3:6], rows[6:9]):
-        others = [r[1] - r[0] for r in block]  # runq_all - runq_main: the other threads' share
+        others = [r[1] - r[0] for r in block]  # runq_crit - runq_main: the backend threads' share
         assert max(others) - min(others) <= 1e-9  # one block, one share per step
     assert all(r[0] >= 0 and r[1] >= r[0] and r[2] > 0 for r in rows)
     rep = acct.report()

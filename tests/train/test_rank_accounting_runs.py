@@ -43,9 +43,9 @@ def test_phased_run_rows_carry_accounting_and_comparable_arrivals(tmp_path):
         for rows in ranks:
             for row in rows:
                 assert len(row) == 9
-                runq_main, runq_all, cpu_all, comm_wait, arrival = row[4:]
-                assert _finite(runq_main) and _finite(runq_all) and _finite(cpu_all) and _finite(arrival)
-                assert 0 <= runq_main <= runq_all and cpu_all > 0 and arrival > 0
+                runq_main, runq_crit, cpu_all, comm_wait, arrival = row[4:]
+                assert _finite(runq_main) and _finite(runq_crit) and _finite(cpu_all) and _finite(arrival)
+                assert 0 <= runq_main <= runq_crit and cpu_all > 0 and arrival > 0
                 # CPU: the exposed wait is measured whenever gradients are exchanged, and only then.
                 assert (comm_wait is None) == (name == "no_comm")
             assert [row[8] for row in rows] == sorted(row[8] for row in rows)

@@ -501,8 +501,9 @@ def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[
     by = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in w["outside"])
     own = (f"the job runs {w['job_threads']} compute threads ({n} processes x (intra-op threads + loader workers)) "
            f"on {w['cores']} cores")
-    return (f"the most descheduled rank's main thread waited for a core {median(rn) * 1e3:.2f} ms/step at {n} "
-            f"processes vs {median(r1) * 1e3:.2f} ms at 1 (schedstat run-queue time); "
+    return (f"the most descheduled rank's threads waited for a core {median(rn) * 1e3:.2f} ms/step at {n} "
+            f"processes vs {median(r1) * 1e3:.2f} ms at 1 (schedstat run-queue time of the main thread, and of the "
+            "backend's inside the exposed exchange); "
             + (f"outside the job: {by}; " if by else "no outside process used the CPU; ") + own)
 
 

@@ -5,7 +5,8 @@ waits for data 90% of the time at every scale scales perfectly and is still inpu
 from its per-step rows (``config.STEP_ROW``), into
 
     input              the wait for the next batch
-    cpu_contention     the main thread's run-queue wait: runnable, but no core was free for it
+    cpu_contention     run-queue wait (runnable, but no core was free): the main thread's, and the backend
+                       threads' as far as the step waited for the exchange
     waiting_for_peers  the wait in the exchange for the last rank to arrive (arrival times on a common clock)
     communication      the rest of the exposed exchange after backward
     compute            the rest: forward, backward, optimizer and host work, on the CPU
@@ -22,7 +23,7 @@ import statistics
 from typing import Any
 
 from ..config import STEP_ROW
-from .stats import job_step_time
+from .stats import job_step_time, step_runq
 from .suggest import suggest
 
 __all__ = ["PARTS", "step_shares", "bottleneck"]
@@ -65,7 +66,7 @@ def step_shares(rank_steps: list[list[list[float]]]) -> tuple[dict[str, float], 
 def _split(row: list[float], step: float, behind: float, missing: set[str]) -> dict[str, float]:
     """One rank's step in seconds per part; ``behind``: how long before the last rank this rank arrived."""
     wait = max(0.0, _col(row, "data_wait_s") if math.isfinite(_col(row, "data_wait_s")) else 0.0)
-    runq, comm = _col(row, "runq_main_s"), _col(row, "comm_wait_s")
+    runq, comm = step_runq(row), _col(row, "comm_wait_s")
     if not math.isfinite(runq):
         missing.add("cpu_contention")
         runq = 0.0
@@ -73,11 +74,16 @@ def _split(row: list[float], step: float, behind: float, missing: set[str]) -> d
     if not math.isfinite(comm):
         missing.update(("communication", "waiting_for_peers"))
         comm = 0.0
-    elif math.isfinite(behind):
-        peers = min(max(0.0, behind), comm)  # a rank that waits in the exchange waits for the last one first
     else:
-        missing.add("waiting_for_peers")
+        # The backend threads' wait for a core inside the exposed exchange is CPU contention, not the exchange.
+        backend = runq - _col(row, "runq_main_s")
+        comm = max(0.0, comm - backend) if math.isfinite(backend) else comm
+        if math.isfinite(behind):
+            peers = min(max(0.0, behind), comm)  # a rank that waits in the exchange waits for the last one first
+        else:
+            missing.add("waiting_for_peers")
     # Parts are bounded by the step, in the order they are certain: a wait measured directly first.
+    # (``runq`` holds the backend's share of the exchange already, so ``comm`` is the rest of it.)
     wait = min(wait, step)
     runq = min(max(0.0, runq), step - wait)
     peers = min(peers, step - wait - runq)

@@ -60,18 +60,30 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     return slowest_each_step - slowest_rank
 
 
-def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> float:
-    """Seconds per step the step waits because a rank's main thread was runnable but not running.
+def step_runq(row: list[float]) -> float:
+    """Seconds of one rank's step lost waiting for a core: its main thread's run-queue wait, plus the backend
+    threads' wait as far as the step waited for the exchange (their wait while the exchange still overlapped
+    backward cost nothing). NaN without the run-queue columns (``config.STEP_ROW`` 4, 5 and 7)."""
+    if len(row) < 8 or row[4] is None or not math.isfinite(row[4]):
+        return float("nan")
+    crit = row[5] if row[5] is not None and math.isfinite(row[5]) else row[4]
+    comm = row[7] if row[7] is not None and math.isfinite(row[7]) else 0.0
+    return row[4] + min(max(0.0, crit - row[4]), max(0.0, comm))
 
-    ``ranks``: every rank's rows of one phase (``config.STEP_ROW``; ``runq_main_s`` is column 4). A synchronous
-    step waits for its last rank, so a rank descheduled for x ms delays everyone by up to x: per step, the largest
-    run-queue wait over the ranks. NaN when the rows carry no run-queue column (older summaries, no schedstat).
+
+def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> float:
+    """Seconds per step the step waits because a rank's threads were runnable but not running.
+
+    ``ranks``: every rank's rows of one phase (``config.STEP_ROW``). A synchronous step waits for its last rank,
+    and a collective for its slowest participant, so a rank descheduled for x ms delays everyone by up to x: per
+    step, the largest ``step_runq`` over the ranks. NaN when the rows carry no run-queue column (older
+    summaries, no schedstat).
     """
     n = min((len(rows) for rows in ranks), default=0)
     steps = []
     for i in range(n):
-        runq = [rows[i][4] if len(rows[i]) > 4 else float("nan") for rows in ranks]
-        if all(v is not None and math.isfinite(v) for v in runq):
+        runq = [step_runq(rows[i]) for rows in ranks]
+        if all(math.isfinite(v) for v in runq):
             steps.append((int(ranks[0][i][0]), max(runq)))
     if not steps:
         return float("nan")

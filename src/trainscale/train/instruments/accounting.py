@@ -3,8 +3,9 @@
 Per measured step, this rank records
 
 - the run-queue wait of its training thread (runnable, not running: another process or thread had the CPU)
-  and of all its threads (the backend's, the loader's, its workers' processes'), and their on-CPU time, from
-  the kernel's schedstat (``schedstat.py``);
+  and of the threads its step waits for (the training thread and the backend's: collectives, intra-op; the
+  loader's and its workers' waits show as data wait instead), and the on-CPU time of all its threads and its
+  workers' processes, from the kernel's schedstat (``schedstat.py``);
 - the exposed communication wait of the step (``CommMeter``: from the last gradient to the end of the
   exchange; CPU only);
 - when its last gradient became ready, on a clock common to all ranks (``clocks.py``): the rank that
@@ -12,7 +13,7 @@ Per measured step, this rank records
 
 The training thread is read at every step (one ``os.pread``). The other threads are read once per block of
 steps (a block of ``ablate.phases``, else ``BLOCK`` steps), their thread list rescanned every ``RESCAN``
-blocks: a block's total is spread evenly over its steps, so ``runq_all_s`` and ``cpu_all_s`` of one step are
+blocks: a block's total is spread evenly over its steps, so ``runq_crit_s`` and ``cpu_all_s`` of one step are
 its own training thread's time plus 1/n of the block's other threads' time. Reading every thread at every
 step would cost several times more (``benchmarks/doctor_accounting.py`` measures each read).
 """
@@ -139,7 +140,8 @@ class Accounting:
         per = self.others.read()
         n, m = self._block_steps, self._block_measured
         if m:
-            share = (sum(c for c, _ in per.values()) / n, sum(r for _, r in per.values()) / n)
+            # CPU of every thread; run-queue wait only of the backend's (with the training thread's: runq_crit_s).
+            share = (sum(c for c, _ in per.values()) / n, sum(r for cls, (_, r) in per.items() if cls == "backend") / n)
             self._others.extend([share] * m)
             for cls, (c, r) in per.items():
                 self.cpu_ns[cls] += c * m / n

@@ -82,7 +82,7 @@ def merge_phase_stats(per_rank: list[dict[str, tuple]], global_batch: int, origi
 
     ``rank_steps`` keeps every rank's timed steps as rows, so the lab can resample whole cycles (its bootstrap)
     instead of trusting a normal-theory spread: ``[cycle, step s, compute s, data wait s, runq_main s,
-    runq_all s, cpu_all s, comm_wait s, arrival s]`` (``config.STEP_ROW``; columns 4-8 are the per-rank accounting,
+    runq_crit s, cpu_all s, comm_wait s, arrival s]`` (``config.STEP_ROW``; columns 4-8 are the per-rank accounting,
     NaN without it). Arrivals come on rank 0's clock; ``origin`` (rank 0's loop start on it) is subtracted.
     """
     out: dict[str, dict[str, Any]] = {}
