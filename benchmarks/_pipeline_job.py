@@ -10,6 +10,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from trainscale.config import load_config
+from trainscale.distributed.teardown import end_process_group
 from trainscale.train.trainer import Trainer
 
 dist.init_process_group("gloo")  # ours: each run leaves it open for the next
@@ -17,4 +18,4 @@ out = Path(sys.argv[1])
 for case in sys.argv[2:]:
     name, _, args = case.partition("=")
     Trainer(load_config(args.split(",")), json_path=str(out / name / "run.json")).fit()
-dist.destroy_process_group()
+end_process_group()  # every holder of the group released first (trainscale/distributed/teardown.py)

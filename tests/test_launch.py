@@ -25,12 +25,10 @@ w = [p.detach().flatten().tolist() for p in model.parameters()]
 out = sys.argv[1]
 with open(f"{out}/rank{rank}.json", "w") as f:
     json.dump({"rank": rank, "world": world, "threads": torch.get_num_threads(), "w": w}, f)
-# Free DDP (its reducer holds the group) before the group ends: left to interpreter exit, Gloo's threads can be
-# destroyed still running and the rank aborts ("terminate called without an active exception"; twice in one
-# loaded suite run here, 2026-11-24). trainscale's own runs do the same in Run._teardown.
-del model, opt
-import gc; gc.collect()
-dist.destroy_process_group()
+# DDP's reducer holds the group: ended in the order that exits cleanly (trainscale/distributed/teardown.py says
+# why; Gloo's workers left to interpreter exit aborted a rank twice in one loaded suite run, 2026-11-24).
+from trainscale.distributed.teardown import end_process_group
+end_process_group(holders=[model])
 '''
 
 

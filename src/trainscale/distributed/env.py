@@ -106,6 +106,8 @@ def init_distributed(job: JobConfig) -> DistEnv:
     from .watchdog import backstop_timeout_s
     # The watchdog names a hung rank at job.timeout_s; PyTorch's collective timeout is its backstop.
     timeout = datetime.timedelta(seconds=backstop_timeout_s(job.timeout_s, job.heartbeat_s))
+    from .teardown import install_exit_guard
+    install_exit_guard()  # whatever the caller does not end is ended before the interpreter finalizes
     if not dist.is_initialized():
         if launched:
             dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
@@ -167,9 +169,9 @@ def node_members(env: DistEnv) -> list[list[int]]:
 
 
 def shutdown() -> None:
-    """Leave the process group if one is open."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group if one is open, in the order that exits cleanly (``teardown.end_process_group``)."""
+    from .teardown import end_process_group
+    end_process_group(owned=True, barrier=False)
 
 
 def cluster_fields(env: DistEnv) -> dict[str, Any]:

@@ -187,6 +187,16 @@ class Strategy:
             self.tuner.finish()  # the autotuner's last trial closed, so report() only reads
         self.gather_model()
 
+    def release(self) -> None:
+        """End of the run: drop what holds a process group (DDP's reducer, hooks, averager, pipeline), keep ``module``.
+
+        Called before the groups are destroyed (``distributed/teardown.py`` says why the order matters).
+        """
+        self.model = self.module
+        self.tuner = self.hook_state = self.averaging = self.group = None
+        if self.pipe is not None:
+            self.pipe.release()
+
     def calls_per_step(self) -> int:
         """All-reduce calls per step: the buckets exchanged after backward, or DDP's own buckets."""
         if self.post_backward:

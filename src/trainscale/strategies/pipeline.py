@@ -257,6 +257,11 @@ class Pipeline:
             merged.update(part)
         return {"state": dict(sorted(merged.items())), "param_groups": sd["param_groups"]}
 
+    def release(self) -> None:
+        """End of the run: drop the schedule, the stages (DDP over the replica group) and the groups; keep ``module``."""
+        self.schedule, self._stages, self.stage_modules = None, [], []
+        self.pp_group = self.dp_group = None
+
     # ------------------------------------------------------------------ the summary
     def report(self, skip: int) -> dict[str, Any]:
         """The pipeline's part of the run summary: split, per-stage time, bubble measured and theoretical (collective)."""

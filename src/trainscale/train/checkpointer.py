@@ -149,6 +149,10 @@ class Checkpointer:
             publish_latest(path)
 
     # ---- reading
+    def release(self) -> None:
+        """End of the run: drop the checkpoints' own group before the groups end (distributed/teardown.py)."""
+        self._group = None
+
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore the newest readable checkpoint under ``path`` (a file, a DCP folder, or a folder of them).
 

@@ -13,8 +13,6 @@ and ``TRAINSCALE_JSON`` names the summary file.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import os
 import random
 import shlex
@@ -34,6 +32,7 @@ from ..data import DataInfo
 from ..data.loader import TrainLoader
 from ..distributed import DistEnv, gather_env_rows, init_distributed
 from ..distributed.table import print_env_table
+from ..distributed.teardown import end_process_group, on_exit
 from ..log import logger, setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero
 from .checkpointer import Checkpointer
@@ -103,7 +102,7 @@ class Run:
         self.points = LogPoints(cfg, self.env.is_main, self.run_dir, self.out_dir)
         self._loop: dict[str, Any] = {"micro": 0, "mode": StepMode(), "fixed": None, "synced": False,
                                       "ended": False, "finished": False}
-        atexit.register(self._at_exit)  # a script that never calls finish() still leaves the group cleanly
+        on_exit(self._at_exit)  # a script that never calls finish() still ends the group cleanly
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -443,26 +442,22 @@ class Run:
 
     def _teardown(self, barrier: bool) -> None:
         self._loop["finished"] = True
-        self.guard.close()
-        # DDP's reducer sits in reference cycles; left to interpreter shutdown, Gloo's threads can outlive the
-        # tensors they hold and the rank aborts ("terminate called without an active exception"). Free it now
-        # (the user's prepared model keeps working, on the plain module), and let no rank tear down while
-        # another still talks.
-        if self.strategy is not None:
-            self.strategy.model = self.strategy.module
-            self.strategy.tuner = None
-        gc.collect()
-        if dist.is_available() and dist.is_initialized():
-            if barrier:
-                dist.barrier()
-            if self.owns_group:  # a group the caller made is the caller's to end
-                dist.destroy_process_group()
+        # The order (threads into c10d, then what holds a group, then the groups) is decided, and why, in
+        # distributed/teardown.py; the user's prepared model keeps working on the plain module.
+        end_process_group(self.owns_group, barrier, threads=[self.guard.close],
+                          holders=[self.strategy, self.checkpointer, self.optimizer if self.owns_group else None])
 
     def _at_exit(self) -> None:
+        """The exit guard's call for a run that never called ``finish()`` (no collective: a rank may be gone)."""
         if self._loop["finished"]:
             return
         self._close_io()
-        self._teardown(barrier=False)  # another rank may be gone already: no collective here
+        if self.checkpointer is not None:  # an asynchronous checkpoint's writer still in a collective: let it end
+            try:
+                self.checkpointer.wait()
+            except Exception as e:
+                logger.warning(f"at exit: the asynchronous checkpoint did not complete: {e}")
+        self._teardown(barrier=False)
 
     def _need_prepared(self, what: str) -> tuple[Strategy, Instruments]:
         if self.strategy is None or self.instruments is None:
