@@ -14,9 +14,10 @@ import sys
 
 import torch
 
-TINY = ["--model.name", "mlp", "--model.width", "8", "--data.name", "synthetic", "--data.image_size", "4",
-        "--data.channels", "1", "--data.train_size", "64", "--data.eval_size", "8", "--data.batch_size", "8",
-        "--job.steps", "3", "--log.progress", "none", "--job.threads", "1"]
+# tests/lab/ablate_comm_script.py's job, whose rank 0 aborted at exit in a loaded suite run (issue 32)
+ABLATE_JOB = ["--model.name", "resnet18", "--model.width", "4", "--data.name", "synthetic", "--data.image_size", "8",
+              "--data.train_size", "256", "--data.eval_size", "16", "--job.steps", "6", "--log.progress", "none",
+              "--log.skip_first", "1", "--job.threads", "1"]
 
 
 def runapi(finish: bool) -> None:
@@ -36,14 +37,12 @@ def runapi(finish: bool) -> None:
         run.finish()
 
 
-# tests/lab/ablate_comm_script.py's job, whose rank 0 aborted at exit in a loaded suite run (issue 32)
-ABLATE_JOB = ["--model.name", "resnet18", "--model.width", "4", "--data.name", "synthetic", "--data.image_size", "8",
-              "--data.train_size", "256", "--data.eval_size", "16", "--job.steps", "6", "--log.progress", "none",
-              "--log.skip_first", "1", "--job.threads", "1"]
 
-
-def trainer() -> None:
-    """Trainer.fit() in a group the script made, then the script's own collective and destroy_process_group()."""
+if __name__ == "__main__" and sys.argv[1] != "trainer":
+    runapi(finish=sys.argv[1] == "runapi")
+elif __name__ == "__main__":
+    # Trainer.fit() in a group the script made, then the script's own collective and destroy_process_group(), at
+    # module level as in the suite's script: its objects live until the interpreter exits, as a user's do.
     import torch.distributed as dist
 
     from trainscale.config import load_config
@@ -61,11 +60,3 @@ def trainer() -> None:
     if dist.get_rank() == 0:
         print(f"WEIGHTS_EQUAL={torch.equal(both[0][0], both[1][0])}")
     dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    mode = sys.argv[1]
-    if mode == "trainer":
-        trainer()
-    else:
-        runapi(finish=mode == "runapi")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,10 @@ def start_hog() -> subprocess.Popen:
     return subprocess.Popen(["nice", "-n", "10", "sh", "-c", "while :; do :; done"])
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=200, help="launches per path")
@@ -105,6 +110,8 @@ def main() -> None:
                  else f"exit_stress: --n {a.n}: must be at least 1")
     counts = {x: {"runs": 0, "aborts": 0, "other_nonzero": 0, "seconds": 0.0} for x in paths}
     logs = Path(a.logs) if a.logs else None
+    signal.signal(signal.SIGTERM, _interrupt)  # kill PID: the counts so far still come out
+    signal.signal(signal.SIGINT, _interrupt)  # also when started in the background, where SIGINT is ignored
     hog = None if a.no_hog else start_hog()
     t0, done = time.perf_counter(), 0
     try:
