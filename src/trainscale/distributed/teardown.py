@@ -28,7 +28,8 @@ import os
 import sys
 import time
 import types
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..log import logger
 
@@ -178,7 +179,8 @@ def _at_interpreter_exit() -> None:
 
 
 def _subclasses(cls: type) -> set[type]:
-    out, todo = {cls}, [cls]
+    out: set[type] = {cls}
+    todo: list[type] = [cls]
     while todo:
         for sub in todo.pop().__subclasses__():
             if sub not in out:

@@ -119,7 +119,8 @@ class Pipeline:
             raise ConfigError("strategy.pipeline_stages", self.stages, f"more stages ({self.n_chunks} model chunks) "
                               f"than the model's {len(self.layers)} layers ({', '.join(layer.name for layer in self.layers)})")
         mesh = init_device_mesh(env.device.type, (self.replicas, self.stages), mesh_dim_names=("dp", "pp"))
-        self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+        self.pp_group: Any = mesh["pp"].get_group()
+        self.dp_group: Any = mesh["dp"].get_group()
         self.chunks = chunk_ids(self.stage, self.stages, cfg.stages_per_rank, cfg.schedule)
         self.holds_first, self.holds_last = 0 in self.chunks, self.n_chunks - 1 in self.chunks
         # the pipeline rank (= global rank in replica 0) that holds each chunk
