@@ -182,7 +182,8 @@ def _subclasses(cls: type) -> set[type]:
     out: set[type] = {cls}
     todo: list[type] = [cls]
     while todo:
-        for sub in todo.pop().__subclasses__():
+        subs: list[type] = todo.pop().__subclasses__()
+        for sub in subs:
             if sub not in out:
                 out.add(sub)
                 todo.append(sub)
