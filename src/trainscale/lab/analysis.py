@@ -450,8 +450,12 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     else the job's own threads when processes x threads + loader workers exceed the cores. Returns False (and
     adds nothing) when the runs have no run-queue column.
     """
-    r1 = [p.get("runq_crit_s", float("nan")) for p in base_1]
-    rn = [p.get("runq_crit_s", float("nan")) for p in base_n]
+    # The backend threads' wait inside the exchange is the neighbour's doing only when something outside the job
+    # takes cores; otherwise it is the exchange's own demand for them (161 tiny all-reduces keep Gloo's threads
+    # runnable), which the exchange's own fix removes, so it stays communication.
+    key = "runq_crit_s" if _outside_load(ctx) else "runq_main_crit_s"
+    r1 = [p.get(key, float("nan")) for p in base_1]
+    rn = [p.get(key, float("nan")) for p in base_n]
     if not r1 or len(r1) != len(rn) or not all(math.isfinite(v) for v in r1 + rn):
         return False
     per_repeat = [b - a for a, b in zip(r1, rn)]
@@ -483,6 +487,11 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
                           "wait for a free core, which also holds the others up in the exchange)")
     causes.append(cause)
     return True
+
+
+def _outside_load(ctx: dict[str, Any]) -> bool:
+    """Whether processes outside the job used at least a quarter of a core while it ran (the load monitor)."""
+    return float((ctx.get("external") or {}).get("cores") or 0.0) >= 0.25
 
 
 def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:

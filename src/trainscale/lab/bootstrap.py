@@ -49,7 +49,8 @@ def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, 
         steps.append(block_step_time(rows, w))
         comps.append(statistics.median(c) if c else float("nan"))
     return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0],
-            "sync_wait_s": sync_wait(ranks, weights), "runq_crit_s": critical_runq(ranks, weights)}
+            "sync_wait_s": sync_wait(ranks, weights), "runq_crit_s": critical_runq(ranks, weights),
+            "runq_main_crit_s": critical_runq(ranks, weights, backend=False)}
 
 
 def block_times(runs: Runs) -> Runs:

@@ -38,7 +38,8 @@ def _col(row: list[float], name: str) -> float:
     return v if v is not None and math.isfinite(v) else float("nan")
 
 
-def step_shares(rank_steps: list[list[list[float]]]) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+def step_shares(rank_steps: list[list[list[float]]], backend: bool = True
+                ) -> tuple[dict[str, float], list[str], dict[str, Any]]:
     """(share of each part, parts not measured, details: step seconds, last arrivals per rank) of one phase."""
     n = min((len(rows) for rows in rank_steps), default=0)
     sums = dict.fromkeys(PARTS, 0.0)
@@ -54,7 +55,7 @@ def step_shares(rank_steps: list[list[list[float]]]) -> tuple[dict[str, float], 
             step = _col(row, "step_s")
             if not math.isfinite(step) or step <= 0:
                 continue
-            parts = _split(row, step, latest - arrival if math.isfinite(latest) else float("nan"), missing)
+            parts = _split(row, step, latest - arrival if math.isfinite(latest) else float("nan"), missing, backend)
             for k, v in parts.items():
                 sums[k] += v
             total += step
@@ -63,10 +64,11 @@ def step_shares(rank_steps: list[list[list[float]]]) -> tuple[dict[str, float], 
                                      "last_arrivals": last, "steps": n}
 
 
-def _split(row: list[float], step: float, behind: float, missing: set[str]) -> dict[str, float]:
+def _split(row: list[float], step: float, behind: float, missing: set[str], backend: bool = True
+           ) -> dict[str, float]:
     """One rank's step in seconds per part; ``behind``: how long before the last rank this rank arrived."""
     wait = max(0.0, _col(row, "data_wait_s") if math.isfinite(_col(row, "data_wait_s")) else 0.0)
-    runq, comm = step_runq(row), _col(row, "comm_wait_s")
+    runq, comm = step_runq(row, backend), _col(row, "comm_wait_s")
     if not math.isfinite(runq):
         missing.add("cpu_contention")
         runq = 0.0
@@ -76,8 +78,8 @@ def _split(row: list[float], step: float, behind: float, missing: set[str]) -> d
         comm = 0.0
     else:
         # The backend threads' wait for a core inside the exposed exchange is CPU contention, not the exchange.
-        backend = runq - _col(row, "runq_main_s")
-        comm = max(0.0, comm - backend) if math.isfinite(backend) else comm
+        in_exchange = runq - _col(row, "runq_main_s")
+        comm = max(0.0, comm - in_exchange) if math.isfinite(in_exchange) else comm
         if math.isfinite(behind):
             peers = min(max(0.0, behind), comm)  # a rank that waits in the exchange waits for the last one first
         else:
@@ -92,9 +94,10 @@ def _split(row: list[float], step: float, behind: float, missing: set[str]) -> d
             "compute": step - wait - runq - peers - comm}
 
 
-def _mean_shares(parts: list[dict[str, Any]]) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+def _mean_shares(parts: list[dict[str, Any]], backend: bool = True
+                 ) -> tuple[dict[str, float], list[str], dict[str, Any]]:
     """Shares averaged over repeats (each repeat's rows are one run's aligned steps)."""
-    each = [step_shares(p.get("rank_steps") or []) for p in parts]
+    each = [step_shares(p.get("rank_steps") or [], backend) for p in parts]
     each = [e for e in each if e[2]["steps"]]
     if not each:
         return dict.fromkeys(PARTS, float("nan")), [], {"step_s": float("nan"), "last_arrivals": [], "steps": 0}
@@ -133,14 +136,16 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     ``base_n``/``base_1``: the base phase's summary part of each repeat at N and at 1 process (with ``rank_steps``);
     ``no_data_*``: the same runs' no_data phase, whose saving bounds the input share from below.
     """
-    shares, unmeasured, info = _mean_shares(base_n)
+    # The backend threads' wait for a core inside the exchange counts as contention only under an outside load.
+    outside = float((ctx.get("external") or {}).get("cores") or 0.0) >= 0.25
+    shares, unmeasured, info = _mean_shares(base_n, outside)
     waited = shares.get("input", float("nan"))
     saved = _input_by_experiment(shares, base_n, no_data_n) if no_data_n and info["steps"] else float("nan")
     if not info["steps"]:
         return {"name": None, "share": float("nan"), "nproc": n, "shares": {}, "shares_at_1": {},
                 "unmeasured": list(PARTS), "evidence": "no per-step rows in these runs", "advice": "",
                 "apply_flags": {}}
-    at_1 = _mean_shares(base_1)[0] if base_1 else {}
+    at_1 = _mean_shares(base_1, outside)[0] if base_1 else {}
     if at_1 and no_data_1:
         _input_by_experiment(at_1, base_1, no_data_1)
     name = max(PARTS, key=lambda k: shares[k] if math.isfinite(shares[k]) else -1.0)

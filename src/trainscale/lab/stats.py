@@ -60,18 +60,19 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     return slowest_each_step - slowest_rank
 
 
-def step_runq(row: list[float]) -> float:
+def step_runq(row: list[float], backend: bool = True) -> float:
     """Seconds of one rank's step lost waiting for a core: its main thread's run-queue wait, plus the backend
     threads' wait as far as the step waited for the exchange (their wait while the exchange still overlapped
     backward cost nothing). NaN without the run-queue columns (``config.STEP_ROW`` 4, 5 and 7)."""
     if len(row) < 8 or row[4] is None or not math.isfinite(row[4]):
         return float("nan")
-    crit = row[5] if row[5] is not None and math.isfinite(row[5]) else row[4]
+    crit = row[5] if backend and row[5] is not None and math.isfinite(row[5]) else row[4]
     comm = row[7] if row[7] is not None and math.isfinite(row[7]) else 0.0
     return row[4] + min(max(0.0, crit - row[4]), max(0.0, comm))
 
 
-def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> float:
+def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None, backend: bool = True
+                  ) -> float:
     """Seconds per step the step waits because a rank's threads were runnable but not running.
 
     ``ranks``: every rank's rows of one phase (``config.STEP_ROW``). A synchronous step waits for its last rank,
@@ -82,7 +83,7 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
     n = min((len(rows) for rows in ranks), default=0)
     steps = []
     for i in range(n):
-        runq = [step_runq(rows[i]) for rows in ranks]
+        runq = [step_runq(rows[i], backend) for rows in ranks]
         if all(math.isfinite(v) for v in runq):
             steps.append((int(ranks[0][i][0]), max(runq)))
     if not steps:
