@@ -122,9 +122,14 @@ def _input_by_experiment(shares: dict[str, float], base: list[dict[str, Any]], n
     if not saved:
         return float("nan")
     by_experiment = min(max(0.0, statistics.median(saved)), 1.0)
-    extra = min(max(0.0, by_experiment - shares["input"]), shares["compute"])
-    shares["input"] += extra
-    shares["compute"] -= extra
+    extra = max(0.0, by_experiment - shares["input"])
+    # Where the stalled loop's time showed: inside the step's work, or, when the stall delays a rank's arrival,
+    # as the exchange's wait and the wait for peers (measured, with the accounting on: the slow-collate job).
+    for part in ("compute", "communication", "waiting_for_peers", "cpu_contention"):
+        take = min(extra, shares[part]) if math.isfinite(shares[part]) else 0.0
+        shares[part] -= take
+        shares["input"] += take
+        extra -= take
     return by_experiment
 
 
