@@ -5,11 +5,14 @@
     _exit_job.py trainer OUT          Trainer from Python inside the user's own group, then a collective of the
                                       user's and destroy_process_group() (tests/lab/ablate_comm_script.py's pattern)
 
-Everything is tiny: the launches measure how a finished process ends, not training.
+Everything is tiny: the launches measure how a finished process ends, not training. Rank 0's last line is one
+JSON object (the path, and what it checked); the exit status is what the stress harness counts.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import torch
@@ -35,6 +38,8 @@ def runapi(finish: bool) -> None:
         run.step()
     if finish:
         run.finish()
+    if run.is_main:
+        print(json.dumps({"path": "runapi" if finish else "runapi-nofinish", "steps": run.step_count}), flush=True)
 
 
 
@@ -58,5 +63,6 @@ elif __name__ == "__main__":
     both: list = [None] * dist.get_world_size()
     dist.all_gather_object(both, (flat, bufs))
     if dist.get_rank() == 0:
-        print(f"WEIGHTS_EQUAL={torch.equal(both[0][0], both[1][0])}")
+        print(json.dumps({"path": "trainer", "weights_equal": torch.equal(both[0][0], both[1][0]),
+                          "world_size": dist.get_world_size(), "pid": os.getpid()}), flush=True)
     dist.destroy_process_group()

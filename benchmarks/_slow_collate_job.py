@@ -1,11 +1,14 @@
 """A user's script whose collate function costs 20 ms of CPU a batch, with no loader workers (the doctor's case 3).
 
     trainscale doctor --nproc 2 -- python benchmarks/_slow_collate_job.py
+
+Rank 0's last line is one JSON object: the step time, the data wait's share and the steps run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -39,7 +42,10 @@ def main() -> None:
     for x, y in run.batches(loader, steps=a.steps):
         run.backward(nn.functional.cross_entropy(model(x), y))
         run.step()
-    run.finish()
+    summary = run.finish()
+    if run.is_main:
+        print(json.dumps({"steps": summary.get("steps"), "step_time_s": summary.get("step_time_s"),
+                          "data_wait_frac": summary.get("data_wait_frac"), "collate_ms": a.collate_ms}))
 
 
 if __name__ == "__main__":

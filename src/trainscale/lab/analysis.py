@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import PHASES
-from .bottleneck import bottleneck
+from .bottleneck import bottleneck, outside_load
 from .invariants import explain_rest, violations, widen_to_point
 from .stats import job_step_time, max_rank_gap, median, median_se, rank_gap_se
 from .suggest import suggest
@@ -397,7 +397,7 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
     """
     ext = ctx.get("external") or {}
     cores, used = ext.get("machine_cores") or 0, ext.get("cores") or 0.0
-    if used < 0.25 or not cores:
+    if not outside_load(ctx) or not cores:
         return
     need_n = n * (base_n.get("threads") or 1)
     need_1 = base_1.get("threads") or 1
@@ -453,7 +453,7 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     # The backend threads' wait inside the exchange is the neighbour's doing only when something outside the job
     # takes cores; otherwise it is the exchange's own demand for them (161 tiny all-reduces keep Gloo's threads
     # runnable), which the exchange's own fix removes, so it stays communication.
-    key = "runq_crit_s" if _outside_load(ctx) else "runq_main_crit_s"
+    key = "runq_crit_s" if outside_load(ctx) else "runq_main_crit_s"
     r1 = [p.get(key, float("nan")) for p in base_1]
     rn = [p.get(key, float("nan")) for p in base_n]
     if not r1 or len(r1) != len(rn) or not all(math.isfinite(v) for v in r1 + rn):
@@ -487,11 +487,6 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
                           "wait for a free core, which also holds the others up in the exchange)")
     causes.append(cause)
     return True
-
-
-def _outside_load(ctx: dict[str, Any]) -> bool:
-    """Whether processes outside the job used at least a quarter of a core while it ran (the load monitor)."""
-    return float((ctx.get("external") or {}).get("cores") or 0.0) >= 0.25
 
 
 def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:

@@ -26,10 +26,16 @@ from ..config import STEP_ROW
 from .stats import job_step_time, step_runq
 from .suggest import suggest
 
-__all__ = ["PARTS", "step_shares", "bottleneck"]
+__all__ = ["PARTS", "step_shares", "bottleneck", "outside_load"]
 
 PARTS = ("input", "compute", "communication", "cpu_contention", "waiting_for_peers")
 _COL = {name: i for i, name in enumerate(STEP_ROW)}
+OUTSIDE_CORES = 0.25  # cores that processes outside the job must use before the doctor counts them as a load
+
+
+def outside_load(ctx: dict[str, Any]) -> bool:
+    """Whether processes outside the job used at least ``OUTSIDE_CORES`` while it ran (the load monitor)."""
+    return float((ctx.get("external") or {}).get("cores") or 0.0) >= OUTSIDE_CORES
 
 
 def _col(row: list[float], name: str) -> float:
@@ -142,7 +148,7 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     ``no_data_*``: the same runs' no_data phase, whose saving bounds the input share from below.
     """
     # The backend threads' wait for a core inside the exchange counts as contention only under an outside load.
-    outside = float((ctx.get("external") or {}).get("cores") or 0.0) >= 0.25
+    outside = outside_load(ctx)
     shares, unmeasured, info = _mean_shares(base_n, outside)
     waited = shares.get("input", float("nan"))
     saved = _input_by_experiment(shares, base_n, no_data_n) if no_data_n and info["steps"] else float("nan")
