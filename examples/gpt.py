@@ -239,8 +239,10 @@ def main() -> None:
         print(f"GPT: {n / 1e6:.2f} M parameters, vocabulary {len(chars)}, context {args.block}; "
               f"{len(text):,} training characters", flush=True)
 
+    t0 = time.perf_counter()
     with run.untimed():
         before = validation_loss(run, model, val, args.eval_batches, args.batch_size)
+    first_eval_s, first_step_s = time.perf_counter() - t0, 0.0
     t0 = time.perf_counter()
     for x, y in run.batches(loader, steps=args.steps):
         lr = lr_at(run.step_count, run.total_steps, args.lr, args.warmup, args.min_lr)  # once per optimizer step
@@ -254,6 +256,8 @@ def main() -> None:
         if args.max_norm > 0:
             run.clip_gradients(args.max_norm)  # unscaled under fp16; after the exchange; the whole model's norm
         run.step()
+        if not first_step_s:
+            first_step_s = time.perf_counter() - t0  # with --compile: the training graph's compile time is in here
         if args.eval_every and run.step_count % args.eval_every == 0 and run.step_count < run.total_steps:
             with run.untimed():
                 loss = validation_loss(run, model, val, args.eval_batches, args.batch_size)
@@ -266,6 +270,9 @@ def main() -> None:
     if run.is_main:
         print(f"validation loss {before:.3f} -> {after:.3f} in {run.step_count} steps, {train_s:.1f} s "
               f"(uniform guess: {math.log(len(chars)):.3f})")
+        if args.compile:
+            print(f"compiled: first validation {first_eval_s:.1f} s, first step {first_step_s:.1f} s "
+                  f"(each includes its graph's compile)")
         if summary.get("mfu") is not None:
             print(f"model FLOPs per step {summary['flops_per_step']:.3g}, MFU {summary['mfu']:.1%} "
                   f"(peak {summary['peak_flops_source']})")

@@ -10,7 +10,7 @@ import torch
 
 from ..sim.hardware import catalog
 
-__all__ = ["Peak", "device_peak", "measured_peak"]
+__all__ = ["Peak", "device_peak", "catalog_peak", "measured_peak", "precision_of"]
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -41,14 +41,20 @@ def device_peak(device: torch.device, amp: str) -> Peak:
     """
     precision = precision_of(amp, device)
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        known = [g for g in catalog()["gpus"] if g in name]
-        if known:
-            gpu = max(known, key=len)  # "A100" rather than a shorter name inside it
-            tflops = catalog()["gpus"][gpu].get(precision)
-            if tflops:
-                return Peak(float(tflops) * 1e12, f"catalog: {gpu} {precision}")
+        known = catalog_peak(torch.cuda.get_device_name(device), precision)
+        if known is not None:
+            return known
     return Peak(measured_peak(device.type, precision), f"measured: {precision} matmul on this {device.type} rank")
+
+
+def catalog_peak(device_name: str, precision: str) -> Peak | None:
+    """The catalogue's dense peak of the GPU that ``device_name`` names ("NVIDIA H100 80GB HBM3"), else None."""
+    known = [g for g in catalog()["gpus"] if g in device_name]
+    if not known:
+        return None
+    gpu = max(known, key=len)  # the longest name it contains: "A100", never a shorter one inside it
+    tflops = catalog()["gpus"][gpu].get(precision)
+    return Peak(float(tflops) * 1e12, f"catalog: {gpu} {precision}") if tflops else None
 
 
 @cache
