@@ -242,8 +242,8 @@ def main() -> None:
     t0 = time.perf_counter()
     with run.untimed():
         before = validation_loss(run, model, val, args.eval_batches, args.batch_size)
-    first_eval_s, first_step_s = time.perf_counter() - t0, 0.0
-    t0 = time.perf_counter()
+    first_eval_s, first_steps = time.perf_counter() - t0, []
+    t0 = t_step = time.perf_counter()
     for x, y in run.batches(loader, steps=args.steps):
         lr = lr_at(run.step_count, run.total_steps, args.lr, args.warmup, args.min_lr)  # once per optimizer step
         for group in optimizer.param_groups:
@@ -256,8 +256,9 @@ def main() -> None:
         if args.max_norm > 0:
             run.clip_gradients(args.max_norm)  # unscaled under fp16; after the exchange; the whole model's norm
         run.step()
-        if not first_step_s:
-            first_step_s = time.perf_counter() - t0  # with --compile: the training graph's compile time is in here
+        if len(first_steps) < 3:  # with --compile: the training graph's compile time is in these
+            first_steps.append(time.perf_counter() - t_step)
+            t_step = time.perf_counter()
         if args.eval_every and run.step_count % args.eval_every == 0 and run.step_count < run.total_steps:
             with run.untimed():
                 loss = validation_loss(run, model, val, args.eval_batches, args.batch_size)
@@ -271,8 +272,8 @@ def main() -> None:
         print(f"validation loss {before:.3f} -> {after:.3f} in {run.step_count} steps, {train_s:.1f} s "
               f"(uniform guess: {math.log(len(chars)):.3f})")
         if args.compile:
-            print(f"compiled: first validation {first_eval_s:.1f} s, first step {first_step_s:.1f} s "
-                  f"(each includes its graph's compile)")
+            print(f"compiled: first validation {first_eval_s:.1f} s, first steps "
+                  f"{', '.join(f'{t:.1f}' for t in first_steps)} s (they include the graphs' compile)")
         if summary.get("mfu") is not None:
             print(f"model FLOPs per step {summary['flops_per_step']:.3g}, MFU {summary['mfu']:.1%} "
                   f"(peak {summary['peak_flops_source']})")

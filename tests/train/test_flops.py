@@ -70,3 +70,17 @@ def test_a_gpu_peak_comes_from_the_planners_catalogue():
     assert catalog_peak("NVIDIA A100-SXM4-80GB", "tf32").flops == 156e12  # type: ignore[union-attr]
     assert catalog_peak("NVIDIA GeForce RTX 4090", "fp32") is None  # not in the catalogue: measured instead
     assert catalog_peak("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 peak there
+
+
+def test_counting_a_compiled_model_leaves_it_compiled():
+    # Dynamo compiles nothing under an ordinary dispatch mode, and then never compiles that code again; the
+    # run's counter lets it compile. backend="eager": dynamo's decision is the same, without inductor's minutes.
+    import torch._dynamo.utils as du
+
+    net, x = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)), torch.randn(5, 8)
+    eager = count_flops(lambda: net(x).sum().backward())
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager")
+    assert count_flops(lambda: compiled(x).sum().backward()) == eager
+    assert du.counters["stats"]["unique_graphs"] >= 1  # traced while counting, not skipped
+    torch._dynamo.reset()

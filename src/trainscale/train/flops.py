@@ -43,6 +43,42 @@ def flop_counter() -> fc.FlopCounterMode:
     return fc.FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION)
 
 
+_Inner: Any = getattr(fc, "_FlopCounterMode", None)  # the dispatch mode inside FlopCounterMode (torch >= 2.5)
+if _Inner is not None:
+    class _CompileAwareMode(_Inner):
+        """FlopCounterMode's own dispatch mode, declared to dynamo as one that ignores compilation.
+
+        Dynamo refuses to compile under any other dispatch mode, and then never compiles that code again: a
+        count on a ``torch.compile``d model's step would leave it eager for the whole run. This one
+        lets dynamo compile, and counts the compiled graph's matmuls and attention as they run (the same
+        total as eager). FlopCounterMode's module tracker is left out: its global module hooks are only for
+        a per-module table, and torch.compile warns about them.
+        """
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+
+class _Counting:
+    """One count in progress: ``FlopCounterMode``'s table and formulas, entered in a way dynamo accepts."""
+
+    def __init__(self) -> None:
+        self.counter = flop_counter()
+        self.mode: Any = _CompileAwareMode(self.counter) if _Inner is not None else self.counter
+
+    def __enter__(self) -> _Counting:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+
+    @property
+    def flops(self) -> int:
+        return int(self.counter.get_total_flops())
+
+
 def count_flops(fn: Any, *args: Any, **kwargs: Any) -> int:
     """FLOPs of ``fn(*args, **kwargs)`` (call ``backward`` inside ``fn`` to count it too).
 
@@ -50,9 +86,9 @@ def count_flops(fn: Any, *args: Any, **kwargs: Any) -> int:
 
         count_flops(lambda: model(x).sum().backward())   # forward + backward of one batch
     """
-    with flop_counter() as mode:
+    with _Counting() as counting:
         fn(*args, **kwargs)
-    return int(mode.get_total_flops())
+    return counting.flops
 
 
 class FlopCount:
@@ -65,25 +101,25 @@ class FlopCount:
         count.start(); loss_fn(model(x), y).backward(); flops = count.stop()
     """
 
-    __slots__ = ("flops", "_mode")
+    __slots__ = ("flops", "_counting")
 
     def __init__(self) -> None:
         self.flops: int | None = None  # after stop(): this rank's FLOPs of the counted step
-        self._mode: fc.FlopCounterMode | None = None
+        self._counting: _Counting | None = None
 
     @property
     def active(self) -> bool:
-        return self._mode is not None
+        return self._counting is not None
 
     def start(self) -> None:
-        self._mode = flop_counter()
-        self._mode.__enter__()  # a dispatch mode on this thread until stop(): the step's forward and backward
+        self._counting = _Counting()
+        self._counting.__enter__()  # a dispatch mode on this thread until stop(): the step's forward and backward
 
     def stop(self) -> int:
         """End counting; this rank's FLOPs of the step (0 when nothing was counted)."""
-        mode, self._mode = self._mode, None
-        if mode is None:
+        counting, self._counting = self._counting, None
+        if counting is None:
             return self.flops or 0
-        mode.__exit__(None, None, None)
-        self.flops = int(mode.get_total_flops())
+        counting.__exit__(None, None, None)
+        self.flops = counting.flops
         return self.flops

@@ -100,7 +100,7 @@ class Run:
         self.eval_result: tuple[float, float, int] = (float("nan"), float("nan"), 0)
         self.summary: dict[str, Any] | None = None
         self.model: PreparedModel | None = None
-        self.flop_count = FlopCount()  # the model FLOPs of the run's first step (a warm-up step), counted once
+        self.flop_count = FlopCount()  # the model FLOPs of the run's last warm-up step, counted once
         self.peak: Peak | None = None  # this rank's peak FLOP/s (measured on a CPU before the first step)
         self.flops: tuple[float, float] | None = None  # (the job's FLOPs per optimizer step, the job's peak FLOP/s)
         self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
@@ -218,9 +218,11 @@ class Run:
             # DDP exchanges gradients in backward only on the last micro-step (set before forward).
             st.set_grad_sync(self._last_micro() and not mode.no_comm and not ins.calibrating, comm=not mode.no_comm)
             ins.forward_starts()
-            if self.flop_count.flops is None and self.step_count == self.start_step and not loop["micro"] \
-                    and ins.warm > 0 and not self.flop_count.active:
-                self.flop_count.start()  # the first step is a warm-up step: the counter's overhead is never timed
+            if self.flop_count.flops is None and self.step_count - self.start_step == ins.warm - 1 \
+                    and not loop["micro"] and not self.flop_count.active:
+                # The last warm-up step: the counter's overhead is never timed, and a torch.compile'd model has
+                # compiled by then (counting while dynamo compiles also counts the compiler's own runs).
+                self.flop_count.start()
             before = self.step_count * self.accum + loop["micro"]
             yield batch
             if self.step_count * self.accum + loop["micro"] == before:
@@ -471,7 +473,7 @@ class Run:
             return
         loop["ended"] = True
         self.points.close_view()
-        self.flop_count.stop()  # a loop that ended inside its first step: the counter leaves this thread
+        self.flop_count.stop()  # a loop that ended inside the counted step: the counter leaves this thread
         if self.instruments is not None:
             self.instruments.end_steps()  # the accounting's last read, while the loader's threads still run
         self._close_io()
