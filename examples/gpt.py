@@ -217,6 +217,8 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
     if args.width % args.heads:
         p.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
+    if args.compile:
+        check_compiler()  # before any process group: a torch that cannot compile stops here, with one line
 
     text = make_text(args.chars, seed=0)
     held_out = make_text(args.chars // 10, seed=1)  # other sentences of the same grammar
@@ -233,7 +235,9 @@ def main() -> None:
     model, optimizer, loader = run.prepare(model, optimizer, loader)
     raw = model  # the prepared model: state_dict, eval, generate
     if args.compile:
-        model = compile_or_exit(model)
+        # After prepare: dynamo traces through DDP and cuts the graph at its bucket boundaries (DDPOptimizer),
+        # so the exchange still overlaps backward. ``raw`` stays the uncompiled handle.
+        model = torch.compile(model)
     if run.is_main:
         n = sum(q.numel() for q in raw.parameters())
         print(f"GPT: {n / 1e6:.2f} M parameters, vocabulary {len(chars)}, context {args.block}; "
@@ -286,21 +290,19 @@ def main() -> None:
             print("sample: " + "".join(chars[i] for i in out).replace("\n", " / "))
 
 
-def compile_or_exit(model: nn.Module) -> nn.Module:
-    """``torch.compile(model)`` after a trial compile of a tiny function: without a working compiler, one line, exit 2.
+def check_compiler() -> None:
+    """Compile a tiny function on this device; without a working compiler, one line and exit 2.
 
-    Compiling is lazy (the model compiles in its first step), so the trial is what fails early: no C++
+    Compiling is lazy (the model compiles in its first steps), so this trial is what fails early: no C++
     compiler for the CPU backend, no Triton for CUDA, a Python that dynamo does not support.
     """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.compile(lambda t: t * 2 + 1)(torch.ones(4))
+        torch.compile(lambda t: t * 2 + 1)(torch.ones(4, device=device))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"examples/gpt.py: --compile: torch.compile does not work here: {first}", file=sys.stderr)
         raise SystemExit(2) from None
-    # After prepare: dynamo traces through DDP and cuts the graph at its bucket boundaries (DDPOptimizer), so
-    # the exchange still overlaps backward.
-    return torch.compile(model)
 
 
 if __name__ == "__main__":

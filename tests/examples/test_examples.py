@@ -5,8 +5,11 @@ the learning rate once per N micro-batches, local SGD exchanges less and ZeRO ke
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,6 +127,16 @@ def test_gpt_learns_and_reports_its_flops_and_mfu(tmp_path):
     assert s["peak_flops_source"].startswith("measured: " + ("fp16" if torch.cuda.is_available() else "bf16"))
     rows = [json.loads(line) for line in Path(s["metrics_jsonl"]).read_text().splitlines()]
     assert rows and all(row["mfu"] > 0 for row in rows)  # MFU at every log point
+
+
+@pytest.mark.timeout(120)
+def test_gpt_compile_without_a_working_compiler_is_one_line(tmp_path):
+    # No C++ compiler for inductor's CPU backend: the trial compile fails before any process group starts.
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    r = subprocess.run([sys.executable, str(EXAMPLES / "gpt.py"), "--compile", "--steps", "1"], capture_output=True,
+                       text=True, timeout=100, env=env, cwd=REPO)
+    assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "torch.compile does not work here" in r.stderr
 
 
 TESTED = {  # each script in examples/ and the test that runs it
