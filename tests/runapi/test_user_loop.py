@@ -1,5 +1,5 @@
 """A nanoGPT-style loop on the run API: accumulation driven by the script through ``run.no_sync()`` gives the
-weights of ``strategy.grad_accum`` with one exchange per optimizer step, a scheduler stepped on ``run.step()``'s
+weights of ``strategy.grad_accum`` with one exchange per optimizer step (overlap on or off), a scheduler stepped on ``run.step()``'s
 True moves once per optimizer step, and ``run.all_reduce`` / ``run.mean`` reduce over the ranks."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from clitools import run_cli
 SCRIPT = Path(__file__).parent / "user_loop_script.py"
 
 
-def train(tmp_path: Path, mode: str) -> dict:
-    out = tmp_path / f"{mode}.pt"
-    r = run_cli(["launch", "--nproc-per-node", "2", str(SCRIPT), str(out), mode], timeout=150)
+def train(tmp_path: Path, mode: str, overrides: str = "") -> dict:
+    out = tmp_path / f"{mode}{len(overrides)}.pt"
+    r = run_cli(["launch", "--nproc-per-node", "2", str(SCRIPT), str(out), mode], timeout=150,
+                env={"TRAINSCALE_ARGS": overrides})
     assert r.rc == 0, r.text[-3000:]
     return torch.load(out)
 
@@ -25,8 +26,12 @@ def train(tmp_path: Path, mode: str) -> dict:
 @pytest.mark.timeout(240)
 def test_no_sync_accumulation_equals_grad_accum_with_one_exchange_per_step(tmp_path):
     builtin, own = train(tmp_path, "builtin"), train(tmp_path, "no_sync")
+    # Overlap off: the exchange waits for run.step() and happens once there, whatever no_sync says.
+    late = train(tmp_path, "no_sync", "--strategy.overlap false")
     for k, want in builtin["weights"].items():
         torch.testing.assert_close(own["weights"][k], want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(late["weights"][k], want, atol=1e-6, rtol=1e-5)
+    assert late["calls"] == 0  # DDP's own hook never ran: trainscale exchanged the buckets after backward
     # One all-reduce per optimizer step (one bucket): no_sync skipped the first micro-step's exchange. Without
     # it the weights would be equal too (averaging is linear), so the count is what shows the skip.
     assert builtin["calls"] == own["calls"] == 6
