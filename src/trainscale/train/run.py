@@ -218,10 +218,11 @@ class Run:
             # DDP exchanges gradients in backward only on the last micro-step (set before forward).
             st.set_grad_sync(self._last_micro() and not mode.no_comm and not ins.calibrating, comm=not mode.no_comm)
             ins.forward_starts()
-            if self.flop_count.flops is None and self.step_count - self.start_step == ins.warm - 1 \
-                    and not loop["micro"] and not self.flop_count.active:
-                # The last warm-up step: the counter's overhead is never timed, and a torch.compile'd model has
-                # compiled by then (counting while dynamo compiles also counts the compiler's own runs).
+            # The last warm-up step (the last calibration step of the sleep test, whose compute is still real):
+            # the counter's overhead is never timed, and a torch.compile'd model has compiled by then
+            # (counting while dynamo compiles also counts the compiler's own runs).
+            if self.flop_count.flops is None and not loop["micro"] and not self.flop_count.active \
+                    and self.step_count - self.start_step == (ins.calib_steps or ins.warm) - 1:
                 self.flop_count.start()
             before = self.step_count * self.accum + loop["micro"]
             yield batch
