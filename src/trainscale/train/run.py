@@ -146,9 +146,8 @@ class Run:
                                 self.guard.attempt) if self.cfg.log.accounting else None
         self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, st.module, self.out_dir,
                                        acct)
-        store = self.guard.side_store() if self.cfg.log.stragglers and self.env.world_size > 1 else None
-        if store is not None:
-            self.instruments.watch_stragglers(store, self.env.world_size, f"trainscale/{self.guard.attempt}/stragglers")
+        if self.cfg.log.stragglers and self.env.world_size > 1 and not st.pipelined:  # stages differ by design
+            self.instruments.watch_stragglers(self.guard.side_store(), self.env.world_size, self.guard.attempt)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:

@@ -177,9 +177,11 @@ class Instruments:
             if self.accounting is not None:
                 self.accounting.resume()
 
-    def watch_stragglers(self, store: Any, world: int, prefix: str) -> None:
-        """Start the live straggler monitor (every rank; rank 0 scores): see ``stragglers.py``."""
-        self.monitor = StragglerMonitor(store, self.rank, world, self.cfg.log.straggler_every, prefix)
+    def watch_stragglers(self, store: Any, world: int, attempt: int) -> None:
+        """Start the live straggler monitor (every rank; rank 0 scores; needs the launcher's store)."""
+        if store is not None:
+            self.monitor = StragglerMonitor(store, self.rank, world, self.cfg.log.straggler_every,
+                                            f"trainscale/{attempt}/stragglers")
 
     # ---- end of the run
     def end_steps(self) -> None:
