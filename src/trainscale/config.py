@@ -103,6 +103,7 @@ class JobConfig(_Section):
                    "empty: beside --json, or none")
     slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
     slow_factor: float = _f(1.0, "fault injection: compute-time multiplier of job.slow_rank (e.g. 1.5)")
+    slow_from_step: int = _f(0, "fault injection: job.slow_rank is slow from this step on (0: from the start)")
     loss: str = _f("cross_entropy", "loss of trainscale train: cross_entropy, mse, l1, or a user's "
                                     "package.module:function(output, target) returning a scalar tensor")
 
@@ -111,6 +112,7 @@ class JobConfig(_Section):
         self._at_least("steps", 1, "optimizer steps")
         self._at_least("slow_rank", -1, "-1 means no injected straggler")
         self._at_least("slow_factor", 1, "1 means no slow-down")
+        self._at_least("slow_from_step", 0)
         self._at_least("threads", 0, "0 means automatic")
         self._at_least("timeout_s", 1)
         self._at_least("heartbeat_s", 0, "0 means off")
@@ -350,12 +352,17 @@ class LogConfig(_Section):
                           "rank's threads (from /proc schedstat), its exposed communication wait and when its last "
                           "gradient was ready on a clock common to all ranks; in the summary's accounting object "
                           "and per-step rank_steps rows (benchmarks/doctor_accounting.py measures its cost)")
+    stragglers: bool = _f(True, "live straggler monitor: each rank's time before the exchange (compute + data wait), "
+                          "compared across ranks every log.straggler_every measured steps; a rank that became slow "
+                          "is named in a warning and in the summary's stragglers list")
+    straggler_every: int = _f(5, "steps per window of the straggler monitor (one store write per rank per window)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("every", 1)
         self._at_least("skip_first", 0)
         self._at_least("timeline_steps", 1)
+        self._at_least("straggler_every", 1)
 
 
 # The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).

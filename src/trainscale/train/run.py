@@ -146,6 +146,8 @@ class Run:
                                 self.guard.attempt) if self.cfg.log.accounting else None
         self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, st.module, self.out_dir,
                                        acct)
+        if self.cfg.log.stragglers and self.env.world_size > 1 and not st.pipelined:  # stages differ by design
+            self.instruments.watch_stragglers(self.guard.side_store(), self.env.world_size, self.guard.attempt)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
@@ -315,7 +317,8 @@ class Run:
         st, ins = self._need_prepared("step")
         point = self.losses.step_done(self.step_count, self.step_count == self.total_steps, st.share_loss)
         if point is not None:
-            self.points.log(self.step_count, point, self.global_batch, ins.take_window_wait())
+            scores = ins.monitor.scores() if ins.monitor is not None else None
+            self.points.log(self.step_count, point, self.global_batch, ins.take_window_wait(), scores)
 
     def untimed(self) -> Any:
         """Context for work between steps that is not step time (evaluation, checkpoints)."""
@@ -451,6 +454,8 @@ class Run:
         """The exit guard's call for a run that never called ``finish()`` (no collective: a rank may be gone)."""
         if self._loop["finished"]:
             return
+        if self.instruments is not None and self.instruments.monitor is not None:
+            self.instruments.monitor.close(score=False)  # its thread out of the store before the groups end
         self._close_io()
         if self.checkpointer is not None:  # an asynchronous checkpoint's writer still in a collective: let it end
             try:
