@@ -5,6 +5,10 @@ since ``reset``. On CPU torch keeps no allocator statistics, so it is the proces
 (``VmHWM`` of ``/proc/self/status``), reset by writing 5 to ``/proc/self/clear_refs`` (Linux >= 4.0): every byte
 the process holds at its fullest moment since ``reset``, the Python and torch runtime (a few hundred MB) included.
 Where the reset is refused, the high-water mark covers the whole process life, and ``measure`` says so.
+The resident set also holds what malloc keeps after tensors are freed (glibc raises its mmap threshold to the
+largest block freed and keeps later blocks of that size on its heap), so a strategy that allocates and frees
+large buffers every layer (FSDP's gathered units) shows more than its live tensors; with
+``MALLOC_MMAP_THRESHOLD_=131072`` in the environment the resident set follows the live tensors.
 """
 
 from __future__ import annotations
