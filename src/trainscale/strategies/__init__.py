@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -97,19 +97,7 @@ class Strategy:
 
     def no_sync(self) -> AbstractContextManager:
         """DDP's ``no_sync()``: forward and backward inside it accumulate gradients without an exchange."""
-        if self.fsdp is not None:
-            return self._fsdp_no_sync(self.fsdp)
-        return self.model.no_sync()
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _fsdp_no_sync(fsdp: FsdpState) -> Iterator[None]:
-        before = fsdp.sync
-        fsdp.set_sync(False)
-        try:
-            yield
-        finally:
-            fsdp.set_sync(before)
+        return self.fsdp.no_sync() if self.fsdp is not None else self.model.no_sync()
 
     @property
     def syncs_gradients(self) -> bool:

@@ -138,6 +138,16 @@ class FsdpState:
             self.root.set_requires_gradient_sync(sync)  # type: ignore[operator]
             self.sync = sync
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward inside accumulates gradients unsharded, without a reduce-scatter (DDP's ``no_sync``)."""
+        before = self.sync
+        self.set_sync(False)
+        try:
+            yield
+        finally:
+            self.set_sync(before)
+
     def rebind_optimizer(self, opt: torch.optim.Optimizer | None) -> None:
         """Point ``opt`` at the sharded parameters: fully_shard replaced the ones it was built on (same names)."""
         old, self._old_names = self._old_names, {}
