@@ -26,13 +26,15 @@ UNIT_ELEMENTS = [64 * 32 + 32, 32 * 32 + 32, 32 * 10 + 10]
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     from trainscale.train.dcp import read_all
+    if (folder / "last.pt").exists():
+        return torch.load(folder / "last.pt", weights_only=True)["model"]
     return {k[len("model/"):]: v for k, v in read_all(folder / "last").items() if k.startswith("model/")}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    for nproc, phases in ((2, "ddp,fsdp,fsdp_resumed,ddp_from_fsdp"), (1, "fsdp_resumed")):
+    for nproc, phases in ((2, "ddp,fsdp,fsdp_resumed,ddp_from_fsdp,fsdp_from_pt"), (1, "fsdp_resumed")):
         r = run_cli(["launch", "--nproc-per-node", str(nproc), str(JOB), str(out), phases], timeout=110)
         assert r.rc == 0, r.text[-3000:]
     return out
@@ -57,8 +59,10 @@ def test_fsdp_dcp_checkpoint_resumes_on_2_and_1_processes_and_into_ddp(runs):
     for tag in ("fsdp_resumed-w2", "fsdp_resumed-w1"):
         assert read_json(runs / f"{tag}.json")["resumed_from_step"] == 3
         assert_weights_close(_weights(runs / tag), whole, ATOL, RTOL, what=tag)
-    assert_weights_close(_weights(runs / "ddp_from_fsdp-w2"), _weights(runs / "ddp-w2"), ATOL, RTOL,
-                         what="ddp from an fsdp checkpoint")
+    ddp = _weights(runs / "ddp-w2")
+    assert_weights_close(_weights(runs / "ddp_from_fsdp-w2"), ddp, ATOL, RTOL, what="ddp from an fsdp checkpoint")
+    # ddp's one-file checkpoint (momentum included) loads into fsdp, whose one-file checkpoint gathers the shards
+    assert_weights_close(_weights(runs / "fsdp_from_pt-w2"), ddp, ATOL, RTOL, what="fsdp from a ddp .pt")
 
 
 @pytest.mark.dist
