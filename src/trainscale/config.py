@@ -242,6 +242,25 @@ class StrategyConfig(_Section):
                             "the real micro-batch, then the split that minimises the slowest stage), uniform (layers), "
                             "params (parameter count), or the comma-separated names of the layers that start "
                             "stages 2, 3, ...")
+    fsdp: bool = _f(False, "fully sharded data parallelism (FSDP2, torch.distributed.fsdp.fully_shard): parameters, "
+                           "gradients and optimizer state sharded across ranks; each unit (strategy.fsdp_modules) is "
+                           "all-gathered for its forward and backward and its gradients reduce-scattered")
+    fsdp_modules: str = _f("", "FSDP and activation checkpointing: the model's units, comma-separated module class "
+                               "names (Block) or module names (layers.0); empty: the model's own blocks (a registry "
+                               "model's blocks, an nn.Sequential's layers with parameters, the entries of its "
+                               "nn.ModuleLists); the root holds the rest")
+    reshard_after_forward: bool = _f(True, "FSDP: free each unit's gathered parameters after its forward and gather "
+                                           "them again in backward (less memory, one more all-gather per unit)")
+    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = _f(
+        "fp32", "FSDP mixed precision: the dtype parameters are all-gathered and computed in (MixedPrecisionPolicy); "
+                "the sharded parameters and the optimizer stay fp32")
+    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _f(
+        "fp32", "FSDP mixed precision: the dtype gradients are reduce-scattered in")
+    fsdp_cpu_offload: bool = _f(False, "FSDP: keep sharded parameters, gradients and optimizer state in host memory "
+                                       "and step the optimizer there (CPUOffloadPolicy); needs a CUDA device")
+    activation_checkpointing: bool = _f(False, "recompute each unit's activations in backward instead of keeping them "
+                                               "(torch.utils.checkpoint per unit of strategy.fsdp_modules), with or "
+                                               "without FSDP")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -489,12 +508,16 @@ class Config:
     def __post_init__(self) -> None:
         """Checks across sections (a pipeline's micro-batches against the batch, experiments it cannot run)."""
         s = self.strategy
+        a = self.ablate
+        if s.fsdp and (a.comm or "no_comm" in a.phases or a.compute != "none"):
+            # FSDP's parameters are all-gathered in forward: there is no step without communication to compare with.
+            raise ConfigError("strategy.fsdp", True, "the ablate.comm, ablate.phases no_comm and ablate.compute "
+                              "experiments do not run under FSDP; leave them off")
         if s.pipeline_stages <= 1:
             return
         if self.data.batch_size % s.microbatches:
             raise ConfigError("strategy.microbatches", s.microbatches, f"must divide data.batch_size = "
                               f"{self.data.batch_size} (each process's batch is cut into equal micro-batches)")
-        a = self.ablate
         if a.comm or a.phases or a.compute != "none":
             raise ConfigError("strategy.pipeline_stages", s.pipeline_stages, "the ablate.comm, ablate.phases and "
                               "ablate.compute experiments do not run on pipelines; leave them off")

@@ -138,6 +138,7 @@ class Run:
         if self.strategy is not None:
             raise RunError("run.prepare() was already called: one model per run")
         st = self.strategy = apply_strategy(model, self.env, self.cfg.strategy, layers)
+        st.adopt_optimizer(optimizer)  # FSDP replaced the parameters the optimizer was built on
         if optimizer is not None and self.cfg.strategy.shard_optimizer:
             optimizer = apply_zero(optimizer)
         self.optimizer = optimizer
@@ -164,6 +165,7 @@ class Run:
         random.seed(seed)
         np.random.seed(seed)
         self.model = PreparedModel(st)
+        st.memory.reset()  # the peak memory of training: model, shards and optimizer exist from here
         return self.model, optimizer, loader
 
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
@@ -253,7 +255,7 @@ class Run:
         scaled = st.scaler.scale(loss)
         ins.watch(scaled)
         scaled.backward()
-        if st.model.require_backward_grad_sync:
+        if st.syncs_gradients:
             st.backward_done()
         self.losses.add(loss)
 
@@ -336,7 +338,6 @@ class Run:
         """
         from .evaluate import evaluate_batches, shard_batches
         st = self._need_prepared("evaluate")[0]
-        st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
         if st.averaging is not None and not self._loop["ended"] and not self._loop.get("warned_eval"):
             self._loop["warned_eval"] = True
             logger.warning("run.evaluate under local SGD before run.end_training(): each rank evaluates its own "
@@ -345,7 +346,8 @@ class Run:
         if batches is None:
             batches = shard_batches(data, batch_size or self.cfg.data.batch_size, self.env.rank, self.env.world_size,
                                     self.device)
-        loss, acc, n = evaluate_batches(st.module, batches, self.device, st.autocast, loss_fn)
+        with st.whole_model():  # pipelined or FSDP: every rank evaluates its shard of the data on the whole model
+            loss, acc, n = evaluate_batches(st.module, batches, self.device, st.autocast, loss_fn)
         self.eval_result = (loss, acc, n)
         return {"loss": loss, "accuracy": acc, "samples": n}
 
