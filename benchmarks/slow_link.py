@@ -127,6 +127,42 @@ def run_two_nodes(link: Link, args: list[str], json_path: Path, nproc: int = 2, 
     return json.loads(json_path.read_text())
 
 
+def doctor_two_nodes(link: Link, job: list[str], out: Path, timeout: float = 900) -> dict:
+    """``trainscale doctor --nproc 2 --quick`` on each node; Kubeflow's PET_* make each of its runs a 2-node job.
+
+    The doctor has no multi-node options, but every run it starts is a launcher, and a launcher reads PET_*: the
+    two doctors run the same plan in step (two repeats, no budget for more), each run meeting its peer run on the
+    other node. Rank 0 (node 0) writes each summary; node 1's doctor reads them through a shared runs folder.
+    """
+    (out / "node0" / "runs").mkdir(parents=True)
+    (out / "node1").mkdir()
+    (out / "node1" / "runs").symlink_to(out / "node0" / "runs")
+    procs = []
+    for k in (0, 1):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": link.veth[k], "OMP_NUM_THREADS": "1", "PET_NNODES": "2",
+               "PET_NODE_RANK": str(k), "PET_MASTER_ADDR": link.addr[0], "PET_MASTER_PORT": "29500"}
+        argv = ["ip", "netns", "exec", link.ns[k], sys.executable, "-m", "trainscale", "doctor", "--nproc", "2",
+                "--quick", "--repeat", "2", "--budget", "1", "--cycles", "3", "--phase-steps", "4",
+                "--out", str(out / f"node{k}"), *[x for x in job if x not in ("--log.progress", "none")]]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    doc = json.loads((out / "node0" / "doctor.json").read_text()) if (out / "node0" / "doctor.json").is_file() else {}
+    causes = [{"name": c["name"], "share": c.get("share"), "verdict": c.get("verdict"),
+               "significant": c.get("significant")} for c in doc.get("causes", [])]
+    return {"exit_codes": [p.returncode for p in procs], "causes": causes, "error": doc.get("error"),
+            "tail": [o.strip().splitlines()[-12:] for o in outs]}
+
+
 def _cli(*argv: str, timeout: float = 900) -> str:
     p = subprocess.run([sys.executable, "-m", "trainscale", *argv], capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -169,6 +205,7 @@ def main() -> None:
     p.add_argument("--widths", default="256,1024,2048", help="mlp widths: the gradient sizes")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--no-plan", action="store_true", help="measure only (no calibration, no forecast)")
+    p.add_argument("--doctor-width", type=int, default=0, help="also run the doctor on both nodes at this width")
     a = p.parse_args()
     reason = why_not()
     if reason:
@@ -198,15 +235,18 @@ def main() -> None:
                 row[mode]["comm_share"] = 1 - s["step_time_s"] / row[mode]["step_s"]
             if not a.no_plan:
                 cal = Path(d) / f"cal{w}.json"
-                _cli("plan", "calibrate", "--nproc", "2", "--out", str(cal), *job)
+                # The lab sets progress and steps itself: the job's model and data only.
+                _cli("plan", "calibrate", "--nproc", "2", "--out", str(cal), *JOB[:-2], "--model.width", str(w))
                 row["grad_mb"] = json.loads(cal.read_text())["params"] * 4 / 1e6
                 for mode in ("flat", "hier"):
                     f = forecast(cal, gbps, mode == "hier", Path(d) / f"plan-{mode}{w}")
                     row[mode]["forecast_s"], row[mode]["forecast_bound"] = f["step_s"], f["bound"]
                     row[mode]["forecast_error"] = f["step_s"] / row[mode]["step_s"] - 1
             rows.append(row)
+        doctor = (doctor_two_nodes(link, [*JOB, "--model.width", str(a.doctor_width)], Path(d) / "doctor")
+                  if a.doctor_width else None)
     emit({"benchmark": "slow_link", "rate": a.rate, "nodes": 2, "procs_per_node": 2, "steps": a.steps,
-          "rows": rows})
+          "rows": rows, "doctor": doctor})
 
 
 if __name__ == "__main__":
