@@ -183,7 +183,8 @@ def forecast(cal: Path, rate_gbps: float, hierarchical: bool, out: Path) -> dict
     _cli(*argv)
     doc = json.loads((out / "plan.json").read_text())
     point = next(p for p in doc["points"] if p["world_size"] == 4)
-    return {"step_s": point["step_time_s"], "comm_s": point["comm_exposed_s"], "bound": point["bound"]}
+    return {"step_s": point["step_time_s"], "comm_s": point["comm_exposed_s"], "bound": point["bound"],
+            "argv": argv}
 
 
 def _loopback_gbs(cal: dict) -> float:
@@ -241,6 +242,7 @@ def main() -> None:
                 for mode in ("flat", "hier"):
                     f = forecast(cal, gbps, mode == "hier", Path(d) / f"plan-{mode}{w}")
                     row[mode]["forecast_s"], row[mode]["forecast_bound"] = f["step_s"], f["bound"]
+                    row[mode]["plan_command"] = " ".join(["trainscale", *f["argv"]])  # the inputs, to re-type
                     row[mode]["forecast_error"] = f["step_s"] / row[mode]["step_s"] - 1
             rows.append(row)
         doctor = (doctor_two_nodes(link, [*JOB, "--model.width", str(a.doctor_width)], Path(d) / "doctor")
