@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"config", "jobs", "reporting", "models", "data"},  # models/data: a job's layout for calibration
     "ps": {"config", "models", "data", "sim", "reporting", "jobs"},
     "lab": {"config", "jobs", "reporting", "sim"},
+    "ray": {"config", "train.run"},  # Ray Train's launcher of the run API: TRAINSCALE_ARGS is the run's channel
     "cli": {"*"},
     "__init__": {"config", "train"},
     "__main__": {"cli"},

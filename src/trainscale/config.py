@@ -103,6 +103,7 @@ class JobConfig(_Section):
                    "empty: beside --json, or none")
     slow_rank: int = _f(-1, "fault injection for experiments: this rank computes slow_factor x slower; -1: none")
     slow_factor: float = _f(1.0, "fault injection: compute-time multiplier of job.slow_rank (e.g. 1.5)")
+    slow_from_step: int = _f(0, "fault injection: job.slow_rank is slow from this step on (0: from the start)")
     loss: str = _f("cross_entropy", "loss of trainscale train: cross_entropy, mse, l1, or a user's "
                                     "package.module:function(output, target) returning a scalar tensor")
 
@@ -111,6 +112,7 @@ class JobConfig(_Section):
         self._at_least("steps", 1, "optimizer steps")
         self._at_least("slow_rank", -1, "-1 means no injected straggler")
         self._at_least("slow_factor", 1, "1 means no slow-down")
+        self._at_least("slow_from_step", 0)
         self._at_least("threads", 0, "0 means automatic")
         self._at_least("timeout_s", 1)
         self._at_least("heartbeat_s", 0, "0 means off")
@@ -240,6 +242,25 @@ class StrategyConfig(_Section):
                             "the real micro-batch, then the split that minimises the slowest stage), uniform (layers), "
                             "params (parameter count), or the comma-separated names of the layers that start "
                             "stages 2, 3, ...")
+    fsdp: bool = _f(False, "fully sharded data parallelism (FSDP2, torch.distributed.fsdp.fully_shard): parameters, "
+                           "gradients and optimizer state sharded across ranks; each unit (strategy.fsdp_modules) is "
+                           "all-gathered for its forward and backward and its gradients reduce-scattered")
+    fsdp_modules: str = _f("", "FSDP and activation checkpointing: the model's units, comma-separated module class "
+                               "names (Block) or module names (layers.0); empty: the model's own blocks (a registry "
+                               "model's blocks, an nn.Sequential's layers with parameters, the entries of its "
+                               "nn.ModuleLists); the root holds the rest")
+    reshard_after_forward: bool = _f(True, "FSDP: free each unit's gathered parameters after its forward and gather "
+                                           "them again in backward (less memory, one more all-gather per unit)")
+    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = _f(
+        "fp32", "FSDP mixed precision: the dtype parameters are all-gathered and computed in (MixedPrecisionPolicy); "
+                "the sharded parameters and the optimizer stay fp32")
+    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _f(
+        "fp32", "FSDP mixed precision: the dtype gradients are reduce-scattered in")
+    fsdp_cpu_offload: bool = _f(False, "FSDP: keep sharded parameters, gradients and optimizer state in host memory "
+                                       "and step the optimizer there (CPUOffloadPolicy); needs a CUDA device")
+    activation_checkpointing: bool = _f(False, "recompute each unit's activations in backward instead of keeping them "
+                                               "(torch.utils.checkpoint per unit of strategy.fsdp_modules), with or "
+                                               "without FSDP")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -350,12 +371,17 @@ class LogConfig(_Section):
                           "rank's threads (from /proc schedstat), its exposed communication wait and when its last "
                           "gradient was ready on a clock common to all ranks; in the summary's accounting object "
                           "and per-step rank_steps rows (benchmarks/doctor_accounting.py measures its cost)")
+    stragglers: bool = _f(True, "live straggler monitor: each rank's time before the exchange (compute + data wait), "
+                          "compared across ranks every log.straggler_every measured steps; a rank that became slow "
+                          "is named in a warning and in the summary's stragglers list")
+    straggler_every: int = _f(5, "steps per window of the straggler monitor (one store write per rank per window)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._at_least("every", 1)
         self._at_least("skip_first", 0)
         self._at_least("timeline_steps", 1)
+        self._at_least("straggler_every", 1)
 
 
 # The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).
@@ -482,12 +508,16 @@ class Config:
     def __post_init__(self) -> None:
         """Checks across sections (a pipeline's micro-batches against the batch, experiments it cannot run)."""
         s = self.strategy
+        a = self.ablate
+        if s.fsdp and (a.comm or "no_comm" in a.phases or a.compute != "none"):
+            # FSDP's parameters are all-gathered in forward: there is no step without communication to compare with.
+            raise ConfigError("strategy.fsdp", True, "the ablate.comm, ablate.phases no_comm and ablate.compute "
+                              "experiments do not run under FSDP; leave them off")
         if s.pipeline_stages <= 1:
             return
         if self.data.batch_size % s.microbatches:
             raise ConfigError("strategy.microbatches", s.microbatches, f"must divide data.batch_size = "
                               f"{self.data.batch_size} (each process's batch is cut into equal micro-batches)")
-        a = self.ablate
         if a.comm or a.phases or a.compute != "none":
             raise ConfigError("strategy.pipeline_stages", s.pipeline_stages, "the ablate.comm, ablate.phases and "
                               "ablate.compute experiments do not run on pipelines; leave them off")

@@ -11,6 +11,7 @@ from trainscale.distributed.cluster import ClusterError, expand_nodelist, resolv
 from trainscale.distributed.launcher import LaunchSpec, with_cluster
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}  # set in every srun step
+RAY_WORKER = {"RAY_RAYLET_PID": "7277", "RAY_JOB_ID": "01000000"}  # set by Ray in each worker process
 
 # (case, environment, role, expected: source, rank, world, local rank, local world, node rank, nodes, master)
 CASES = [
@@ -71,6 +72,19 @@ CASES = [
       "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
       "MASTER_ADDR": "node01", "MASTER_PORT": "29500"},
      "rank", ("torchrun", 5, 8, 1, 4, 1, "2", "node01:29500")),
+    ("ray train worker on the second of 2 nodes x 2 workers (the variables Ray Train v2 sets)",
+     {**RAY_WORKER, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
+      "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "46671"},
+     "rank", ("ray", 3, 4, 1, 2, 1, "2", "10.0.0.5:46671")),
+    ("ray train worker inside a SLURM step: Ray wins (it made the process group)",
+     {**SRUN, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+      "SLURM_JOB_NODELIST": "n1", **RAY_WORKER, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+      "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "46671"},
+     "rank", ("ray", 0, 2, 0, 1, 0, "2", "10.0.0.5:46671")),
+    ("torchrun started inside a Ray task: torchrun's own variables win",
+     {**RAY_WORKER, "TORCHELASTIC_RUN_ID": "x", "NODE_RANK": "0", "RANK": "1", "WORLD_SIZE": "2",
+      "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "rank", ("torchrun", 1, 2, 1, 2, 0, "1", "127.0.0.1:29500")),
     ("nothing set", {}, "rank", ("single", 0, 1, 0, 1, 0, "1", None)),
     ("MASTER_ADDR/MASTER_PORT alone (a one-process script's exports)",
      {"MASTER_ADDR": "localhost", "MASTER_PORT": "12355"}, "rank", ("single", 0, 1, 0, 1, 0, "1", None)),
@@ -132,6 +146,12 @@ BAD = [
                                 "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1"}, "launcher", "expected a count"),
     ("WORLD_SIZE and RANK without MASTER_ADDR", {"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "rank",
      "MASTER_ADDR = None: unset while MASTER_PORT, WORLD_SIZE, RANK are set"),
+    ("ray worker with NODE_RANK but no LOCAL_WORLD_SIZE", {**RAY_WORKER, "NODE_RANK": "0", "RANK": "0",
+                                                          "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "rank",
+     "NODE_RANK = '0': a Ray Train worker's variables are half-set: LOCAL_WORLD_SIZE missing"),
+    ("a launcher inside a Ray Train worker", {**RAY_WORKER, "NODE_RANK": "0", "RANK": "0", "WORLD_SIZE": "2",
+                                              "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, "launcher",
+     "this process is a Ray Train worker (a rank)"),
     ("RANK without WORLD_SIZE", {"RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "1"}, "rank",
      "WORLD_SIZE = None: unset"),
 ]

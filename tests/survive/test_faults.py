@@ -45,6 +45,8 @@ def test_a_stopped_rank_ends_the_job_with_its_name(tmp_path, fault, culprit):
     assert f"rank {culprit} (pid" in r.text and "stopped making progress" in r.text, r.text
     last = r.text.strip().splitlines()[-1]
     assert last.startswith("trainscale train: rank") and f"rank {culprit} (pid" in last, last
+    # The rank that waited names the collective it entered last (the Flight Recorder's) and where its code is.
+    assert f"rank {1 - culprit} waited in" in last and "last collective #" in last and ", at " in last, last
     if "checkpoint" in fault:  # the write never completed: the pointer still names the previous checkpoint
         assert (tmp_path / "latest").read_text().strip() == "step_10.pt"
         assert not (tmp_path / "step_20.pt").exists()

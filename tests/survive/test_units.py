@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainscale.distributed.hangs import mismatch
 from trainscale.distributed.watchdog import Beat, verdict
 from trainscale.train.checkpoint import checkpoint_candidates, load_checkpoint, prune, publish_latest
 from trainscale.train.preempt import Preemption
@@ -19,6 +20,30 @@ def test_verdict_names_the_silent_rank_first_then_the_one_behind():
     assert culprits == [1] and line.startswith("rank 1 (pid 101 on h") and "heartbeat stopped" in line
     culprits, line = verdict(beats, set(), 11.0, 10)
     assert culprits == [2] and "behind" in line and "rank 0 waited in step 13 (compute)" in line
+
+
+def test_the_verdict_names_each_ranks_collective_and_place_in_the_code():
+    waiting = {"seq": 22, "op": "all_reduce", "sizes": [[85002]]}
+    beats = [Beat(rank=0, beat=9, step=13, phase="compute", progress=5, pid=100, host="h", coll=waiting,
+                  at="train.py:57 in main"),
+             Beat(rank=1, beat=3, step=13, phase="data", progress=4, pid=101, host="h")]  # stopped: never published
+    culprits, line = verdict(beats, {1}, 11.0, 10)
+    assert culprits == [1]
+    assert "rank 0 waited in step 14 (compute), last collective #22 all_reduce [[85002]], at train.py:57 in main" \
+        in line and not line.startswith("mismatched")
+
+
+def test_two_ranks_in_the_same_collective_with_other_ops_or_shapes_is_named_a_mismatch():
+    a = {"seq": 7, "op": "all_reduce", "sizes": [[10]]}
+    assert mismatch({0: a, 1: a, 2: None}) == ""
+    assert mismatch({0: a, 1: {**a, "op": "broadcast"}}) == \
+        "mismatched collective #7: rank 0 all_reduce [[10]], rank 1 broadcast [[10]]"
+    assert mismatch({0: a, 1: {**a, "sizes": [[12]]}}).startswith("mismatched collective #7")
+    assert mismatch({0: a, 1: {**a, "seq": 8, "op": "broadcast"}}) == ""  # a rank ahead is not a mismatch
+    beats = [Beat(rank=r, beat=9, step=3, phase="compute", progress=5, pid=100 + r, host="h", coll=c)
+             for r, c in enumerate([a, {**a, "sizes": [[12]]}])]
+    assert verdict(beats, set(), 11.0, 10)[1].startswith("mismatched collective #7: rank 0 all_reduce [[10]], "
+                                                         "rank 1 all_reduce [[12]]; ")
 
 
 def test_preemption_agrees_on_one_step_past_every_rank():

@@ -2,6 +2,9 @@
 
 Sources are tried in order, and the first whose variables are present decides; each says why it was chosen:
 
+0. **Ray Train** (a ``TorchTrainer`` worker: ``NODE_RANK`` beside torchrun's ``RANK``, ``WORLD_SIZE``,
+   ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, in a Ray worker process): the process is a rank, and Ray Train has
+   already made the process group. It comes first because Ray Train sets torchrun's variables too.
 1. **torchrun** (or any launcher that sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``): the process is a rank.
 2. **SLURM** inside an ``srun`` step (``SLURM_STEP_ID`` set): ``SLURM_NTASKS``, ``SLURM_PROCID``,
    ``SLURM_LOCALID``, ``SLURM_NODEID``; the master is the first host of the step's node list, on a port
@@ -44,7 +47,7 @@ class ClusterError(ConfigError):
 class Cluster:
     """Where this process stands, as its scheduler says: node-level facts, and rank-level ones for a rank."""
 
-    source: str  # torchrun | slurm | kubeflow | pytorchjob | single
+    source: str  # ray | torchrun | slurm | kubeflow | pytorchjob | single
     why: str  # which variables decided, in words
     nnodes: str  # "N", or "MIN:MAX" for an elastic job (Kubeflow)
     node_rank: int
@@ -85,7 +88,7 @@ def resolve(environ: Mapping[str, str] | None = None, role: Role = "rank") -> Cl
         (c.source, c.rank, c.world_size, c.master_addr, c.master_port)  # ('slurm', 1, 2, 'node01', 20077)
     """
     env = os.environ if environ is None else environ
-    for source in (_torchrun, _slurm, _kubeflow, _pytorchjob):
+    for source in (_ray, _torchrun, _slurm, _kubeflow, _pytorchjob):
         found = source(env, role)
         if found is not None:
             return found
@@ -93,6 +96,33 @@ def resolve(environ: Mapping[str, str] | None = None, role: Role = "rank") -> Cl
 
 
 # ------------------------------------------------------------------ sources
+RAY_WORKER_VARS = ("RAY_RAYLET_PID", "RAY_JOB_ID")  # set by Ray in every worker process it starts
+
+
+def _ray(env: Mapping[str, str], role: Role) -> Cluster | None:
+    # Ray Train sets NODE_RANK (torchrun sets GROUP_RANK instead); a torchrun inside a Ray task stays torchrun's.
+    if "NODE_RANK" not in env or not any(k in env for k in RAY_WORKER_VARS) or "TORCHELASTIC_RUN_ID" in env:
+        return None
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    missing = [k for k in keys if k not in env]
+    if missing:
+        raise ClusterError("NODE_RANK", env["NODE_RANK"], f"a Ray Train worker's variables are half-set: "
+                           f"{', '.join(missing)} missing (Ray Train sets them with NODE_RANK)")
+    if role == "launcher":
+        raise ClusterError("NODE_RANK", env["NODE_RANK"], "this process is a Ray Train worker (a rank): call "
+                           "trainscale.init() in the training function, without a launcher")
+    rank, world, local, local_world, node = (_int(env, k) for k in (*keys, "NODE_RANK"))
+    _below("RANK", rank, "WORLD_SIZE", world)
+    _below("LOCAL_RANK", local, "LOCAL_WORLD_SIZE", local_world)
+    # Ray may place unequal worker counts per node; init_distributed counts the nodes once the group is up.
+    nodes = max(node + 1, world // max(1, local_world))
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None
+    why = (f"Ray Train worker: rank {rank} of {world}, local rank {local} of {local_world} on node {node} "
+           "(NODE_RANK); process group made by Ray Train's TorchTrainer")
+    return Cluster("ray", why, str(nodes), node, env.get("MASTER_ADDR"), port, local_world, rank, world, local,
+                   local_world)
+
+
 def _torchrun(env: Mapping[str, str], role: Role) -> Cluster | None:
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     if "LOCAL_RANK" not in env:

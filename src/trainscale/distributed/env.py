@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..about import available_cores
 from ..config import ConfigError, JobConfig
+from .hangs import enable_flight_recorder
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
            "gather_env_rows", "is_launched", "shutdown", "node_members", "cluster_fields"]
@@ -33,7 +34,7 @@ class DistEnv:
     master: str
     threads: int
     cluster: str = "single (no launcher or scheduler variables)"  # the resolver's source and why (env table)
-    cluster_source: str = "single"  # torchrun | slurm | kubeflow | pytorchjob | single
+    cluster_source: str = "single"  # ray | torchrun | slurm | kubeflow | pytorchjob | single
 
     @property
     def is_main(self) -> bool:
@@ -96,7 +97,9 @@ def init_distributed(job: JobConfig) -> DistEnv:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     device = resolve_device(job.device, local_rank)
-    backend = resolve_backend(job.backend, device, local_world)
+    # A group made before init (Ray Train's) keeps its backend: the table and the strategies must say what runs.
+    made = dist.get_backend() if dist.is_initialized() else None
+    backend = made if made in ("gloo", "nccl") else resolve_backend(job.backend, device, local_world)
     threads = job.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or default_threads(local_world)
     torch.set_num_threads(threads)
     if device.type == "cuda":
@@ -110,18 +113,32 @@ def init_distributed(job: JobConfig) -> DistEnv:
     install_exit_guard()  # whatever the caller does not end is ended before the interpreter finalizes
     if not dist.is_initialized():
         if launched:
+            enable_flight_recorder()  # the hang report names each rank's collective
             dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
                                     **_attempt_store(rank, world, timeout))
             _agree_attempt(device if backend == "nccl" else torch.device("cpu"))
         else:
             # A one-rank group keeps one code path (DDP included) for 1 and N processes.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    if cluster.source == "ray" and dist.is_initialized():
+        os.environ.update(_ray_nodes(cluster.node_rank, device if backend == "nccl" else torch.device("cpu")))
     master = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '-')}" if launched else "-"
     nnodes = int(os.environ.get("GROUP_WORLD_SIZE", 0)) or max(1, world // max(1, local_world))
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                    node_rank=int(os.environ.get("GROUP_RANK", rank // max(1, local_world))), nnodes=nnodes,
                    device=device, backend=backend, master=master, threads=threads, cluster=cluster.describe(),
                    cluster_source=cluster.source)
+
+
+def _ray_nodes(node_rank: int, device: torch.device) -> dict[str, str]:
+    """torchrun's GROUP_RANK and GROUP_WORLD_SIZE for a Ray Train worker (a collective, once at init).
+
+    Ray Train sets NODE_RANK (dense, from 0) but not the node count, and may place unequal worker counts per
+    node, so world // local world can be wrong: the highest node rank over all ranks is exact.
+    """
+    top = torch.tensor([node_rank], device=device)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return {"GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(int(top.item()) + 1)}  # sync point: once
 
 
 def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dict:

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .hangs import code_position, describe, mismatch, newest_collective
+
 __all__ = ["Watchdog", "RankHung", "EXIT_HUNG", "PHASES", "verdict", "Beat", "backstop_timeout_s", "raw_store"]
 
 EXIT_HUNG = 3  # a rank ended because the job stopped making progress
@@ -59,6 +61,8 @@ class Beat:
     pid: int
     host: str
     detail: str = ""
+    coll: dict[str, Any] | None = None  # the newest collective it entered (published once it stalls)
+    at: str = ""  # where its main thread stands in the code (published once it stalls)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -67,6 +71,14 @@ class Beat:
     def where(self) -> str:
         return f"step {self.step + (1 if self.phase in ('data', 'compute') else 0)} ({self.phase}" + \
             (f": {self.detail})" if self.detail else ")")
+
+    def inside(self) -> str:
+        """``, last collective #12 all_reduce [[1290]], at train.py:57 in main`` (empty when not published).
+
+        The last collective it entered: for a rank that waits in one, the one it waits in.
+        """
+        coll = f", last {describe(self.coll)}" if self.coll else ""
+        return coll + (f", at {self.at}" if self.at else "")
 
 
 def verdict(beats: list[Beat], silent: set[int], stalled_s: float, timeout_s: float) -> tuple[list[int], str]:
@@ -79,14 +91,15 @@ def verdict(beats: list[Beat], silent: set[int], stalled_s: float, timeout_s: fl
         culprits = [b.rank for b in beats if b.position == low]
         how = "it is behind the others" if len(culprits) < len(beats) else "no rank is ahead of it"
     by_rank = {b.rank: b for b in beats}
-    names = ", ".join(f"{r} (pid {by_rank[r].pid} on {by_rank[r].host}, last seen in {by_rank[r].where()})"
-                      for r in culprits)
+    names = ", ".join(f"{r} (pid {by_rank[r].pid} on {by_rank[r].host}, last seen in {by_rank[r].where()}"
+                      f"{by_rank[r].inside()})" for r in culprits)
     waiting = [b for b in beats if b.rank not in culprits]
-    waited = "; ".join(f"rank {b.rank} waited in {b.where()}" for b in waiting) or "no other rank"
+    waited = "; ".join(f"rank {b.rank} waited in {b.where()}{b.inside()}" for b in waiting) or "no other rank"
     plural = "s" if len(culprits) > 1 else ""
     line = (f"rank{plural} {names} stopped making progress: {how}; {waited}; no progress for {stalled_s:.0f} s "
             f"(job.timeout_s = {timeout_s:g})")
-    return culprits, line
+    odd = mismatch({b.rank: b.coll for b in beats})
+    return culprits, f"{odd}; {line}" if odd else line
 
 
 class Watchdog:
@@ -99,6 +112,7 @@ class Watchdog:
         self.step, self.phase, self.detail = 0, "start", ""
         self.progress = 0
         self._beat = 0
+        self._published_progress = -1  # the progress counter at the previous beat: unchanged means stalled
         self._host, self._pid = socket.gethostname(), os.getpid()
         self._seen: dict[int, tuple[int, int, float, float]] = {}  # rank -> (beat, progress, beat at, progress at)
         self.on_beat: Any = None  # called from the thread after each beat (the preemption's store poll)
@@ -129,11 +143,14 @@ class Watchdog:
             self._thread.join(timeout=max(5.0, 2 * self.beat_s))
 
     def publish(self) -> None:
-        """Write this rank's beat."""
+        """Write this rank's beat; once it made no progress since the last one, with its collective and code."""
         self._beat += 1
-        self.store.set(self.prefix + f"hb/{self.rank}", json.dumps(
-            {"beat": self._beat, "step": self.step, "phase": self.phase, "progress": self.progress,
-             "pid": self._pid, "host": self._host, "detail": self.detail}))
+        beat = {"beat": self._beat, "step": self.step, "phase": self.phase, "progress": self.progress,
+                "pid": self._pid, "host": self._host, "detail": self.detail}
+        if self.progress == self._published_progress:  # stalled for a beat: worth the recorder's dump
+            beat.update(coll=newest_collective(), at=code_position())
+        self._published_progress = self.progress
+        self.store.set(self.prefix + f"hb/{self.rank}", json.dumps(beat))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.beat_s):

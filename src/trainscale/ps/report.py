@@ -58,7 +58,7 @@ def runtime_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def ratio_cells(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Seed 002's T_sync / T_async per P: one ratio per seed (its sync and async runs), then the interval."""
+    """The runtime theorem's T_sync / T_async per P: one ratio per seed (its sync and async runs), then the interval."""
     out = []
     for p, rows in sorted(_group(runs, lambda r: r["P"]).items()):
         by_seed = _group(rows, lambda r: r["seed"])
@@ -151,7 +151,7 @@ def write_runtime(out: Path, runs: list[dict[str, Any]], settings: dict[str, Any
                    "overhead c ms", "predicted with c ms", "error vs c [95%]"], table),
         ("img", "runtime.png", "Left: time per update, mean of the seeds with 95% intervals, against the "
                                "prediction (dashed). Right: measured / predicted with 95% intervals."),
-        ("h2", "Seed 002's theorem: E[T_sync] / E[T_async] = P·E[X_P:P]/E[X] = P·H_P"),
+        ("h2", "The runtime theorem (Dutta et al., AISTATS 2018): E[T_sync] / E[T_async] = P·E[X_P:P]/E[X] = P·H_P"),
         ("p", "One ratio per seed (that seed's sync and async runs), then their mean ± standard error and 95% "
               "interval; \"within\" says whether P·H_P lies in that interval."),
         ("table", ["P", "ratio per seed", "measured ratio", "95% interval", "predicted P·H_P", "within"], ratio_rows),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Callable
@@ -21,8 +22,10 @@ from .autotune import BucketTuner, distinct_candidates
 from .checks import check_strategy, needs_hook
 from .comm import CommMeter
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
+from .fsdp import FsdpState, apply_fsdp, checkpoint_units, shard_units
 from .hooks import CommHooks
 from .local_sgd import ModelAveraging, apply_local_sgd
+from .memory import PeakMemory
 from .zero import apply_zero, optimizer_state_bytes, optimizer_state_dict
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
            "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter",
-           "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline"]
+           "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline", "FsdpState", "PeakMemory"]
 
 
 def __getattr__(name: str) -> Any:
@@ -56,7 +59,8 @@ class Strategy:
 
     Pipelined (``strategy.pipeline_stages`` > 1), ``pipeline_step`` replaces forward and backward; the
     operations below (data shard, loss sharing, clipping, optimizer state) answer for both layouts, so the
-    run never branches on the layout.
+    run never branches on the layout. Under FSDP (``fsdp``) ``model`` is the sharded module itself and the same
+    operations answer for its shards.
     """
 
     def __init__(self, model: nn.Module, module: nn.Module, autocast: Callable[[], AbstractContextManager],
@@ -70,6 +74,9 @@ class Strategy:
         self.tuner: BucketTuner | None = None
         self.hook_state: Any = None
         self.pipe: Pipeline | None = None
+        self.fsdp: FsdpState | None = None
+        self.memory = PeakMemory(next(module.parameters()).device if any(True for _ in module.parameters())
+                                 else torch.device("cpu"))
         self.group: Any = None  # the process group gradients are averaged over (None: the world)
         self.steps = 0
         self._calls = 0  # all-reduce calls of the last step made by sync_gradients
@@ -82,11 +89,14 @@ class Strategy:
         """
         if self.pipe is not None:  # the schedule turns DDP's sync on for the last micro-batch itself
             return
+        if self.fsdp is not None:  # FSDP gathers parameters in forward whatever comm says (config refuses no_comm)
+            self.fsdp.set_sync(sync)
+            return
         self.model.require_backward_grad_sync = sync and self.overlap
         self.model.require_forward_param_sync = comm
 
     def no_sync(self) -> AbstractContextManager:
-        """DDP's ``no_sync()``: forward and backward inside it accumulate gradients without an exchange.
+        """DDP's ``no_sync()`` (FSDP's without its reduce-scatter): backward inside it accumulates without an exchange.
 
         Correct under every data-parallel layout: with overlap off the exchange waits for ``sync_gradients``
         anyway, and hooks (compression, PowerSGD, local SGD) see the accumulated gradient on the synced
@@ -95,7 +105,12 @@ class Strategy:
         if self.pipe is not None:
             raise RuntimeError("no_sync() under a pipeline: the schedule accumulates its micro-batches itself; "
                                "use strategy.grad_accum and run.forward_backward instead")
-        return self.model.no_sync()
+        return self.fsdp.no_sync() if self.fsdp is not None else self.model.no_sync()
+
+    @property
+    def syncs_gradients(self) -> bool:
+        """Whether the backward now running exchanges gradients (the last micro-step of an accumulation)."""
+        return self.fsdp.sync if self.fsdp is not None else bool(self.model.require_backward_grad_sync)
 
     def backward_done(self) -> None:
         """Backward (and DDP's wait for its last bucket) returned: the meter notes the exposed wait."""
@@ -146,8 +161,32 @@ class Strategy:
         return self.pipe.share_loss(t) if self.pipe is not None else t
 
     def optimizer_state_dict(self, opt: torch.optim.Optimizer, rank: int) -> dict[str, Any]:
-        """The whole model's optimizer state for a one-file checkpoint (ZeRO and pipelines gather it; collective)."""
+        """The whole model's optimizer state for a one-file checkpoint (ZeRO, FSDP and pipelines gather it; collective)."""
+        if self.fsdp is not None:
+            return self.fsdp.full_optimizer_state(opt)
         return self.pipe.optimizer_state_dict(opt) if self.pipe is not None else optimizer_state_dict(opt, rank)
+
+    def load_optimizer_state_dict(self, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load ``optimizer_state_dict``'s whole-model state (FSDP: each rank keeps its shard of it)."""
+        opt.load_state_dict(state)
+        if self.fsdp is not None:
+            self.fsdp.shard_optimizer_state(opt)
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """The whole model's state as plain tensors, for a one-file checkpoint (FSDP gathers its shards; collective)."""
+        return self.fsdp.full_state_dict() if self.fsdp is not None else self.module.state_dict()
+
+    def load_model_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a whole-model state (FSDP: each rank keeps its shard)."""
+        if self.fsdp is not None:
+            self.fsdp.load_full_state_dict(state)
+        else:
+            self.module.load_state_dict(state)
+
+    def adopt_optimizer(self, opt: torch.optim.Optimizer | None) -> None:
+        """The user's optimizer, built on the model before ``prepare``: FSDP points it at the sharded parameters."""
+        if self.fsdp is not None:
+            self.fsdp.rebind_optimizer(opt)
 
     def clip_grad_norm(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale this rank's gradients so that the whole model's gradient norm is at most ``max_norm``.
@@ -160,6 +199,8 @@ class Strategy:
         params = self.pipe.own_parameters() if self.pipe is not None else list(self.module.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type)
+        if hasattr(norm, "full_tensor"):  # FSDP: the norm of this rank's shards; this all-reduces to the whole model's
+            norm = norm.full_tensor()
         if self.pipe is not None and self.pipe.stages > 1:
             if norm_type == float("inf"):
                 dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=self.pipe.pp_group)
@@ -174,6 +215,14 @@ class Strategy:
         """Pipelined: every rank's ``module`` gets every stage's current weights (collective); else nothing."""
         if self.pipe is not None:
             self.pipe.gather_model()
+
+    def whole_model(self) -> AbstractContextManager:
+        """Inside: ``module``'s forward needs no collective (FSDP: parameters kept gathered; pipeline: stages gathered).
+
+        Collective on entry; evaluation with a different batch count per rank runs inside it.
+        """
+        self.gather_model()
+        return self.fsdp.gathered() if self.fsdp is not None else contextlib.nullcontext()
 
     def after_optimizer_step(self) -> None:
         """After ``optimizer.step()`` and before ``zero_grad``: local SGD averages parameters every H steps."""
@@ -201,7 +250,7 @@ class Strategy:
         Called before the groups are destroyed (``distributed/teardown.py`` says why the order matters).
         """
         self.model = self.module
-        self.tuner = self.hook_state = self.averaging = self.group = None
+        self.tuner = self.hook_state = self.averaging = self.group = self.fsdp = None
         if self.pipe is not None:
             self.pipe.release()
 
@@ -209,7 +258,7 @@ class Strategy:
         """All-reduce calls per step: the buckets exchanged after backward, or DDP's own buckets."""
         if self.post_backward:
             return len(self.post_backward)
-        return bucket_count(self.model) if isinstance(self.model, DDP) else 0
+        return bucket_count(self.model) if isinstance(self.model, DDP) else 0  # FSDP: no all-reduce
 
     # ---- state that must survive a restart
     def state_dict(self) -> dict[str, Any]:
@@ -244,6 +293,10 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     autocast, scaler = apply_amp(cfg.amp, env.device)
     if cfg.pipeline_stages > 1:
         return apply_pipeline(model, env, cfg, autocast, scaler, layers)
+    if cfg.fsdp:
+        return apply_fsdp_strategy(model, env, cfg, autocast, scaler)
+    if cfg.activation_checkpointing:
+        checkpoint_units(shard_units(model, cfg.fsdp_modules))
     params = [p for p in model.parameters() if p.requires_grad]
     meter = CommMeter()
     if env.device.type == "cpu":  # exposed-communication timing is host time: meaningful on CPU only
@@ -275,6 +328,18 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
 
     if cfg.bucket_mb == "auto":
         p.tuner = BucketTuner(candidates, cfg.autotune_steps, rewrap, env.device)
+    return p
+
+
+def apply_fsdp_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig,
+                        autocast: Callable[[], AbstractContextManager], scaler: torch.amp.GradScaler) -> Strategy:
+    """FSDP2: the model sharded in place; the strategy's ``model`` and ``module`` are the same sharded module."""
+    fsdp = apply_fsdp(model, env, cfg)
+    meter = CommMeter()  # no gradient hooks: FSDP sets the sharded gradients itself, after the reduce-scatter
+    meter.fixed_bytes = fsdp.allgather_bytes + fsdp.reduce_scatter_bytes
+    p = Strategy(model, model, autocast, scaler, meter, env.world_size, True)
+    p.fsdp = fsdp
+    p.amp = cfg.amp != "none" or cfg.fsdp_param_dtype != "fp32"
     return p
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..config import ConfigError, StrategyConfig
 
 __all__ = ["check_strategy", "needs_hook", "node_size"]
@@ -20,6 +23,13 @@ def node_size(cfg: StrategyConfig, world: int, local_world: int) -> int:
 def check_strategy(cfg: StrategyConfig, world: int | None = None, local_world: int | None = None) -> None:
     """Raise ConfigError for a combination that cannot work (world-dependent checks when ``world`` is given)."""
     s = cfg
+    if s.fsdp:
+        _check_fsdp(s)
+    elif s.fsdp_param_dtype != "fp32" or s.fsdp_reduce_dtype != "fp32" or s.fsdp_cpu_offload:
+        what = "fsdp_cpu_offload" if s.fsdp_cpu_offload else \
+            "fsdp_param_dtype" if s.fsdp_param_dtype != "fp32" else "fsdp_reduce_dtype"
+        raise ConfigError(f"strategy.{what}", getattr(s, what), "applies to FSDP only; set strategy.fsdp true "
+                          "(or strategy.amp for DDP)")
     if not s.overlap and needs_hook(s):
         what = ("hierarchical" if s.hierarchical else "compression" if s.compression != "none"
                 else "comm_groups" if s.comm_groups > 1 else "local_sgd_period")
@@ -58,3 +68,29 @@ def check_strategy(cfg: StrategyConfig, world: int | None = None, local_world: i
         raise ConfigError("strategy.hierarchical", True,
                           f"the world size {world} is not a multiple of the processes per node "
                           f"{node_size(s, world, local_world)}; set strategy.local_size")
+
+
+# FSDP's gradients leave backward reduce-scattered into shards: what works through DDP's reducer, its comm hooks or a
+# whole-model replica cannot apply. Each: field, whether its value is refused, why, what to do instead.
+_NOT_WITH_FSDP: tuple[tuple[str, Callable[[Any], bool], str, str], ...] = (
+    ("local_sgd_period", lambda v: v > 0, "local SGD averages whole replicas, which FSDP does not keep", "set 0"),
+    ("compression", lambda v: v != "none", "compression is a DDP communication hook; FSDP reduce-scatters itself",
+     "use none, or strategy.fsdp_reduce_dtype bf16"),
+    ("hierarchical", bool, "hierarchical all-reduce is a DDP communication hook", "set false"),
+    ("comm_groups", lambda v: v > 1, "several communicators are a DDP communication hook", "set 1"),
+    ("shard_optimizer", bool, "FSDP shards the optimizer state already", "set false"),
+    ("pipeline_stages", lambda v: v > 1, "pipeline stages run DDP inside each stage", "set 1"),
+    ("overlap", lambda v: not v, "FSDP reduce-scatters in backward, there is no exchange after it", "set true"),
+    ("bucket_mb", lambda v: v == "auto", "FSDP makes one collective per unit, there are no buckets to tune",
+     "give a size in MB"),
+    ("amp", lambda v: v == "fp16", "fp16's loss scaler would see an overflow on one rank's shard only",
+     "use bf16, or strategy.fsdp_param_dtype bf16"),
+)
+
+
+def _check_fsdp(s: StrategyConfig) -> None:
+    """FSDP with a strategy that needs DDP or whole replicas: one line naming the field."""
+    for key, refused, why, instead in _NOT_WITH_FSDP:
+        value = getattr(s, key)
+        if refused(value):
+            raise ConfigError(f"strategy.{key}", value, f"not with strategy.fsdp true ({why}); {instead}")

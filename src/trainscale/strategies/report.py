@@ -1,4 +1,4 @@
-"""The strategy's part of the run summary: communication volume and wait, optimizer memory, autotune choice."""
+"""The strategy's part of the run summary: communication volume and wait, memory, autotune choice, FSDP's bytes."""
 
 from __future__ import annotations
 
@@ -33,4 +33,9 @@ def strategy_summary(p: Strategy, opt: torch.optim.Optimizer, skip: int, ablated
     out["optim_state_bytes"] = int(mem.item())
     if p.averaging is not None:
         out["replica_max_diff"] = p.averaging.divergence  # before the final average
+    peaks: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(peaks, p.memory.peak())
+    out["peak_memory_bytes"], out["peak_memory_measure"] = peaks, p.memory.measure
+    if p.fsdp is not None:
+        out["fsdp"] = p.fsdp.report()
     return out

@@ -35,7 +35,9 @@ def apply_zero(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
     """Bytes of optimizer state (momentum, Adam moments) held by this rank."""
     local = opt.optim if _is_zero(opt) else opt  # type: ignore[attr-defined]
-    return sum(v.numel() * v.element_size() for s in local.state.values() for v in s.values() if torch.is_tensor(v))
+    # A DTensor (FSDP) counts its global size; this rank holds its _local_tensor.
+    held = [getattr(v, "_local_tensor", v) for s in local.state.values() for v in s.values() if torch.is_tensor(v)]
+    return sum(v.numel() * v.element_size() for v in held)
 
 
 def optimizer_state_dict(opt: torch.optim.Optimizer, rank: int) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class Checkpointer:
             meta["param_names"] = param_names(st.module, self.optimizer)
         if path.suffix == ".pt":
             optim = st.optimizer_state_dict(self.optimizer, self.env.rank) if self.optimizer else {}
-            state = {"model": st.module.state_dict(), "optimizer": optim, **meta}
+            state = {"model": st.model_state_dict(), "optimizer": optim, **meta}
             save_checkpoint(path, state, self.env.rank, self.env.world_size,
                             during=lambda: self.guard.in_checkpoint(step))
         else:
@@ -169,9 +169,9 @@ class Checkpointer:
             state = dcp_load(target, st.module, self.optimizer, self.env.rank, self._group)
         else:
             state = load_checkpoint(str(target))
-            st.module.load_state_dict(state["model"])
+            st.load_model_state_dict(state["model"])
             if self.optimizer is not None and state.get("optimizer"):
-                self.optimizer.load_state_dict(state["optimizer"])
+                st.load_optimizer_state_dict(self.optimizer, state["optimizer"])
             rngs = state.get("rng") or []
         st.scaler.load_state_dict(state["scaler"])
         st.load_state_dict(state.get("strategy") or {"steps": int(state["step"])})

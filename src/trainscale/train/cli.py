@@ -117,6 +117,8 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     check_strategy(cfg.strategy, world, world)
     if cfg.strategy.pipeline_stages > 1:
         _check_pipeline_layers(cfg)
+    if cfg.strategy.fsdp or cfg.strategy.activation_checkpointing:
+        _check_units(cfg)
     if args.resume and args.resume != "auto":
         _check_resume(Path(args.resume))
     if args.json and Path(args.json).is_dir():
@@ -145,6 +147,20 @@ def _check_pipeline_layers(cfg: Config) -> None:
             named_split(names, [n.strip() for n in s.split.split(",")], chunks)
         except ValueError as e:
             raise ConfigError("strategy.split", s.split, str(e)) from None
+
+
+def _check_units(cfg: Config) -> None:
+    """``strategy.fsdp_modules`` that name no module of the model: refused before any process starts."""
+    from ..models import build_model
+    from ..strategies.fsdp import shard_units
+
+    d = cfg.data
+    try:  # as for the pipeline: a builder that needs the real input shape is checked in the ranks
+        model = build_model(cfg.model.name, (d.channels, d.image_size, d.image_size), d.num_classes,
+                            cfg.model.width, cfg.model.depth)
+    except Exception:
+        return
+    shard_units(model, cfg.strategy.fsdp_modules)
 
 
 def _check_resume(path: Path) -> None:

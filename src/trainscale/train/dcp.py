@@ -4,7 +4,9 @@ The state is flat and holds tensors only, so loading unpickles nothing: ``model/
 rank: DCP writes it once), ``optim/PARAM/KEY`` (each rank the state it holds; under ZeRO its own partition,
 so nothing is gathered), ``rng/RANK/...`` and ``meta`` (step, loader, scaler and strategy counters as JSON
 bytes in a uint8 tensor). At another world size each rank reads the parameters' optimizer state of its new
-partition by name (DCP's resharding) and the RNG of its rank where one was saved.
+partition by name (DCP's resharding) and the RNG of its rank where one was saved. Under FSDP the model's and the
+optimizer's tensors are DTensor shards: each rank writes its shard and reads its new one, and a whole-tensor
+(DDP) checkpoint loads into shards and a sharded one into whole tensors, since DCP keys both by name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..config import ConfigError
 from .checkpoint import rng_state, set_rng_state
@@ -95,8 +98,14 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads(_read_tensors(path, ["meta"])["meta"].numpy().tobytes().decode())
 
 
-def _empty_like_saved(meta: Any) -> torch.Tensor:
-    """An empty tensor of a saved entry's shape and dtype (every entry trainscale writes is a tensor)."""
+def _empty_like_saved(meta: Any, like: Any = None) -> torch.Tensor:
+    """An empty tensor of a saved entry's shape and dtype (every entry trainscale writes is a tensor).
+
+    ``like``: the tensor it will be loaded into; a DTensor (FSDP) of that shape gets an empty shard of its own
+    layout, so DCP reads only this rank's part.
+    """
+    if isinstance(like, DTensor) and tuple(like.shape) == tuple(meta.size):
+        return torch.empty_like(like, dtype=meta.properties.dtype)
     return torch.empty(meta.size, dtype=meta.properties.dtype)
 
 
@@ -129,7 +138,10 @@ def dcp_load(path: Path, module: nn.Module, opt: torch.optim.Optimizer | None, r
             for p in g["params"]:
                 mine[names[id(p)]] = p
         want += [k for k in md if k.startswith("optim/") and k.split("/")[1] in mine]
-    state = {k: _empty_like_saved(md[k]) for k in want}
+    own = module.state_dict()
+    likes = {k: own.get(k[len("model/"):]) if k.startswith("model/") else
+             mine.get(k.split("/")[1]) if k.startswith("optim/") else None for k in want}
+    state = {k: _empty_like_saved(md[k], likes[k]) for k in want}
     kw = {"no_dist": True} if not (dist.is_available() and dist.is_initialized()) else {"process_group": group}
     dcp.load(state, checkpoint_id=str(path), **kw)
     module.load_state_dict({k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")})

@@ -43,16 +43,22 @@ class Guard:
         lead = 1 + (cfg.strategy.local_sgd_period if cfg.strategy.local_sgd_period else 0)
         self.preempt = Preemption(self.store, env.rank, env.world_size, self.attempt, lead)
         self.watchdog: Watchdog | None = None
+        self.timeout_s = cfg.job.timeout_s
         if launched and cfg.job.heartbeat_s > 0:
-            try:
-                wstore = _watchdog_store(cfg.job.timeout_s) or self.store
-            except Exception as e:  # no second connection: beat on the main one (the store serialises calls)
-                logger.debug(f"watchdog store: {e}")
-                wstore = self.store
-            self.watchdog = Watchdog(wstore, env.rank, env.world_size, cfg.job.timeout_s, cfg.job.heartbeat_s,
+            self.watchdog = Watchdog(self.side_store(), env.rank, env.world_size, cfg.job.timeout_s, cfg.job.heartbeat_s,
                                      self.attempt)
             self.watchdog.on_beat = self.preempt.poll_store  # a SIGTERM that reached another rank only
         self.started = False
+
+    def side_store(self) -> Any:
+        """A store connection for a side thread (the watchdog's, the straggler monitor's); None when not launched."""
+        if self.store is None:
+            return None
+        try:
+            return _watchdog_store(self.timeout_s) or self.store
+        except Exception as e:  # no second connection: use the main one (the store serialises calls)
+            logger.debug(f"side store: {e}")
+            return self.store
 
     def start(self) -> None:
         """Start beating (after the first collective: every rank's key exists by then)."""

@@ -52,8 +52,10 @@ class LogPoints:
         if self._metrics is not None:
             self._metrics.append = True
 
-    def log(self, step: int, point: dict[str, float], global_batch: int, wait_s: float) -> None:
-        """One log point: the loss window's figures as the progress line and a metrics row."""
+    def log(self, step: int, point: dict[str, float], global_batch: int, wait_s: float,
+            straggler_scores: list[float] | None = None) -> None:
+        """One log point: the loss window's figures as the progress line and a metrics row (with each rank's
+        straggler score, its time before the exchange over the other ranks' median, in the file only)."""
         rate = point["steps"] * global_batch / point["window_s"]
         if self.view is not None:
             self.view.update(step, point["loss"], rate)
@@ -63,7 +65,7 @@ class LogPoints:
                    "data_wait_s": wait_s / point["steps"], "time_s": point["time_s"]}
             if self.flops is not None:
                 row["mfu"] = self.flops[0] / step_s / self.flops[1]
-            self.open().log(step, row)
+            self.open().log(step, row, {"straggler_scores": straggler_scores} if straggler_scores else None)
 
     @property
     def written(self) -> str | None:

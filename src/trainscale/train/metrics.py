@@ -30,15 +30,15 @@ class MetricsLog:
         # Opened here, before the first step: importing a tracker takes seconds that are no step's time.
         self.tracker: Tracker | None = open_tracker(tracker, tracker_folder, config, run_name)
 
-    def log(self, step: int, values: dict[str, float]) -> None:
-        """One log point: a flushed line, then the tracker."""
+    def log(self, step: int, values: dict[str, float], file_only: dict[str, Any] | None = None) -> None:
+        """One log point: a flushed line, then the tracker (``file_only``: fields for the line alone)."""
         if self._file is None and self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a" if self.append else "w", encoding="utf-8")
             self.written = self.path
         if self._file is not None:
             row = {"step": step, "time": round(time.time(), 3),
-                   **{k: (v if math.isfinite(v) else None) for k, v in values.items()}}
+                   **{k: (v if math.isfinite(v) else None) for k, v in values.items()}, **(file_only or {})}
             self._file.write(json.dumps(row, allow_nan=False) + "\n")
             self._file.flush()  # in the OS's hands now: a killed process keeps the line (no fsync: it can stall)
         if self.tracker is not None:

@@ -143,6 +143,7 @@ class Run:
         if self.strategy is not None:
             raise RunError("run.prepare() was already called: one model per run")
         st = self.strategy = apply_strategy(model, self.env, self.cfg.strategy, layers)
+        st.adopt_optimizer(optimizer)  # FSDP replaced the parameters the optimizer was built on
         if optimizer is not None and self.cfg.strategy.shard_optimizer:
             optimizer = apply_zero(optimizer)
         self.optimizer = optimizer
@@ -151,6 +152,8 @@ class Run:
                                 self.guard.attempt) if self.cfg.log.accounting else None
         self.instruments = Instruments(self.cfg, self.env.rank, self.is_main, self.device, st.module, self.out_dir,
                                        acct)
+        if self.cfg.log.stragglers and self.env.world_size > 1 and not st.pipelined:  # stages differ by design
+            self.instruments.watch_stragglers(self.guard.side_store(), self.env.world_size, self.guard.attempt)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
         self.peak = device_peak(self.device, self.cfg.strategy.amp)  # CPU: a matmul benchmark under 0.5 s, cached
         loader = self.loader(data, data_info) if data is not None else None
@@ -168,6 +171,7 @@ class Run:
         random.seed(seed)
         np.random.seed(seed)
         self.model = PreparedModel(st)
+        st.memory.reset()  # the peak memory of training: model, shards and optimizer exist from here
         return self.model, optimizer, loader
 
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
@@ -263,7 +267,7 @@ class Run:
         scaled = st.scaler.scale(loss)
         ins.watch(scaled)
         scaled.backward()
-        if st.model.require_backward_grad_sync:
+        if st.syncs_gradients:
             st.backward_done()
         self.losses.add(loss)
 
@@ -297,8 +301,8 @@ class Run:
         nanoGPT's ``model.require_backward_grad_sync = last`` as a context: wrap every micro-step but the last
         of an optimizer step; the last one's backward exchanges the summed gradients. Gradients then equal
         ``strategy.grad_accum``'s (divide each micro-step's loss by their number, as it does). Under overlap off,
-        compression, local SGD and ZeRO it is the same; under a pipeline it is refused (the schedule runs the
-        micro-batches). Leave ``strategy.grad_accum`` at 1: the two accumulations would multiply.
+        compression, local SGD and ZeRO it is the same, under FSDP it is FSDP's own (no reduce-scatter until the
+        last micro-step); under a pipeline it is refused (the schedule runs the micro-batches). Leave ``strategy.grad_accum`` at 1: the two accumulations would multiply.
 
         Example::
 
@@ -388,7 +392,8 @@ class Run:
         st, ins = self._need_prepared("step")
         point = self.losses.step_done(self.step_count, self.step_count == self.total_steps, st.share_loss)
         if point is not None:
-            self.points.log(self.step_count, point, self.global_batch, ins.take_window_wait())
+            scores = ins.monitor.scores() if ins.monitor is not None else None
+            self.points.log(self.step_count, point, self.global_batch, ins.take_window_wait(), scores)
 
     def untimed(self) -> Any:
         """Context for work between steps that is not step time (evaluation, checkpoints)."""
@@ -406,7 +411,6 @@ class Run:
         """
         from .evaluate import evaluate_batches, shard_batches
         st = self._need_prepared("evaluate")[0]
-        st.gather_model()  # pipelined: every rank evaluates its shard on the whole model
         if st.averaging is not None and not self._loop["ended"] and not self._loop.get("warned_eval"):
             self._loop["warned_eval"] = True
             logger.warning("run.evaluate under local SGD before run.end_training(): each rank evaluates its own "
@@ -415,7 +419,8 @@ class Run:
         if batches is None:
             batches = shard_batches(data, batch_size or self.cfg.data.batch_size, self.env.rank, self.env.world_size,
                                     self.device)
-        loss, acc, n = evaluate_batches(st.module, batches, self.device, st.autocast, loss_fn)
+        with st.whole_model():  # pipelined or FSDP: every rank evaluates its shard of the data on the whole model
+            loss, acc, n = evaluate_batches(st.module, batches, self.device, st.autocast, loss_fn)
         self.eval_result = (loss, acc, n)
         return {"loss": loss, "accuracy": acc, "samples": n}
 
@@ -525,6 +530,8 @@ class Run:
         """The exit guard's call for a run that never called ``finish()`` (no collective: a rank may be gone)."""
         if self._loop["finished"]:
             return
+        if self.instruments is not None and self.instruments.monitor is not None:
+            self.instruments.monitor.close(score=False)  # its thread out of the store before the groups end
         self._close_io()
         if self.checkpointer is not None:  # an asynchronous checkpoint's writer still in a collective: let it end
             try:

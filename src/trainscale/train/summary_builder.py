@@ -82,6 +82,7 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
         "threads": env.threads, "ablate": {"comm": a.comm, "data": a.data, "compute": a.compute},
         **_rank_fields(per_rank, ins, rec.global_batch),
         "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
+        "stragglers": ins.monitor.episodes() if ins.monitor is not None else [],
         "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
         "restarts": rec.restarts, "steps_redone": rec.steps_redone,
         "resumed_from_step": rec.start_step, "preempted": rec.preempted,

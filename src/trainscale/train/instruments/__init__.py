@@ -23,11 +23,12 @@ from .accounting_summary import merge_accounting
 from .compute import ComputeClock, SleepCompute, SlowRank, leaf_modules
 from .phases import PhasePlan, StepMode, local_phase_stats, merge_phase_stats
 from .profile import OpProfiler
+from .stragglers import StragglerMonitor
 from .timeline import StepTimeline, write_trace
 
 __all__ = ["Instruments", "StepMode", "ComputeClock", "SleepCompute", "SlowRank", "OpProfiler", "PhasePlan",
            "leaf_modules", "merge_phase_stats", "StepTimeline", "write_trace", "Accounting", "start_accounting",
-           "merge_accounting"]
+           "merge_accounting", "StragglerMonitor"]
 
 
 class Instruments:
@@ -42,7 +43,8 @@ class Instruments:
         self.cfg, self.device, self.out_dir, self.is_main = cfg, device, out_dir, is_main
         a = cfg.ablate
         self.clock = ComputeClock(device)
-        self.slow = SlowRank(cfg.job.slow_factor) if rank == cfg.job.slow_rank and cfg.job.slow_factor > 1 else None
+        self.slow = SlowRank(cfg.job.slow_factor, cfg.job.slow_from_step) \
+            if rank == cfg.job.slow_rank and cfg.job.slow_factor > 1 else None
         self.sleep = SleepCompute(module, device) if a.compute == "sleep" else None
         self.calib_steps = a.calibrate_steps if self.sleep and not a.sleep_times else 0
         if self.sleep and a.sleep_times:
@@ -63,6 +65,7 @@ class Instruments:
         self.artefacts: dict[str, Any] = {}
         self.timeline = StepTimeline(cfg.log.timeline_steps) if cfg.log.timeline else None
         self.accounting = accounting
+        self.monitor: StragglerMonitor | None = None  # the live straggler monitor (``watch_stragglers``)
         if accounting is not None:  # read the other threads once per phase block: the block's rows share a phase
             accounting.schedule(self.warm, self.plan.block if self.plan else 0)
         self.t_prev = time.perf_counter()
@@ -127,11 +130,17 @@ class Instruments:
         """Optimizer step ``step`` (1-based, from this run's start) has been issued."""
         now = time.perf_counter()
         measured = step > self.warm
+        if self.slow is not None:
+            self.slow.next_step(step + 1)
+        compute = self.clock.current() if self.monitor is not None and measured else None
         self.clock.end_step(measured)
         if self.timeline is not None:
             self.timeline.step_done(step, self.t_prev, self._wait, now, measured)
         if self.accounting is not None:  # after ``now``: its reads are paid by the next step's time
             self.accounting.step_done(step, measured, self.t_prev)
+        if compute is not None:  # after the accounting's read: this step's run-queue wait
+            runq = self.accounting.last_runq_s() if self.accounting is not None else float("nan")
+            self.monitor.step(step, compute, self._wait, runq)  # type: ignore[union-attr]
         cpu = time.process_time()
         if measured:
             self.cpu_s += cpu - self.cpu_prev
@@ -168,11 +177,20 @@ class Instruments:
             if self.accounting is not None:
                 self.accounting.resume()
 
+    def watch_stragglers(self, store: Any, world: int, attempt: int) -> None:
+        """Start the live straggler monitor (every rank; rank 0 scores; needs the launcher's store)."""
+        if store is not None:
+            self.monitor = StragglerMonitor(store, self.rank, world, self.cfg.log.straggler_every,
+                                            f"trainscale/{attempt}/stragglers")
+
     # ---- end of the run
     def end_steps(self) -> None:
-        """After the last step, before the loaders stop: the accounting reads its last block."""
+        """After the last step, before the loaders stop: the accounting reads its last block, the monitor its
+        last windows (its thread ends here, before any group does)."""
         if self.accounting is not None:
             self.accounting.end()
+        if self.monitor is not None:
+            self.monitor.close()
 
     def finish(self, world_size: int) -> None:
         """Real modules back (evaluation uses them) and the profile written."""

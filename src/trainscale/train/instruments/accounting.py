@@ -112,6 +112,10 @@ class Accounting:
         if step >= self.warm and (step - self.warm) % self.block == 0:
             self.close_block()
 
+    def last_runq_s(self) -> float:
+        """The training thread's run-queue wait in the last measured step (NaN before one)."""
+        return self._steps[-1][1] / 1e9 if self._steps else math.nan
+
     def _arrival(self, t_prev: float) -> float:
         """When this step's last gradient was ready; without gradient hooks, when ``run.step()`` was called."""
         if self.hooked and self.meter.last_gradient_s >= t_prev:

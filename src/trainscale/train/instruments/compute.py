@@ -34,13 +34,19 @@ class SlowRank:
 
     The sleep runs when the backward graph is done, before DDP's reducer waits for its all-reduces, so the
     other ranks wait for this one as they would for a real straggler. Registered before the compute
-    clock's own callback, so the clock measures the slowed time like any other compute.
+    clock's own callback, so the clock measures the slowed time like any other compute. From step
+    ``from_step`` on (1-based, counted from the run's start): the onset of a fault in the middle of a run.
     """
 
-    __slots__ = ("factor", "t0")
+    __slots__ = ("factor", "t0", "from_step", "on")
 
-    def __init__(self, factor: float):
-        self.factor, self.t0 = factor, 0.0
+    def __init__(self, factor: float, from_step: int = 0):
+        self.factor, self.t0, self.from_step = factor, 0.0, from_step
+        self.on = from_step <= 1
+
+    def next_step(self, step: int) -> None:
+        """Step ``step`` (1-based) comes next."""
+        self.on = step >= self.from_step
 
     def start(self) -> None:
         """Mark the start of a micro-step's forward."""
@@ -52,7 +58,8 @@ class SlowRank:
             loss.register_hook(lambda g: _queue_callback(self._sleep))
 
     def _sleep(self) -> None:
-        time.sleep((time.perf_counter() - self.t0) * (self.factor - 1.0))
+        if self.on:
+            time.sleep((time.perf_counter() - self.t0) * (self.factor - 1.0))
 
 
 class ComputeClock:
@@ -94,6 +101,10 @@ class ComputeClock:
     def add(self, seconds: float) -> None:
         """Compute timed by its owner (a pipeline's stages time their own chunks, host time)."""
         self.spent += seconds
+
+    def current(self) -> Any:
+        """This step's compute so far: seconds, or on CUDA its (start, end) events (call before ``end_step``)."""
+        return list(self._pending) if self.cuda else self.spent
 
     def end_step(self, keep: bool) -> None:
         """Close the step; ``keep`` says whether it is a measured one."""

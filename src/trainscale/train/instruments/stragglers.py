@@ -1,0 +1,271 @@
+"""Live straggler detection: which rank became slow, since which step, by how much, and why (``log.stragglers``).
+
+The signal is each rank's own time before the step's collective: its forward + backward (the compute clock
+stops when the backward graph is done, before DDP waits for its all-reduces) plus its data wait. The
+all-reduce evens out wall time, so the step time alone cannot tell who made the others wait; this can.
+
+The training thread only appends three numbers per measured step and, every ``log.straggler_every`` steps,
+hands the window to a side thread. That thread publishes the window's medians through the c10d store (a
+connection of its own), and on rank 0 reads every rank's window of the same steps, scores each rank against
+the median of the others, and runs a one-sided CUSUM per rank (Page, 1954) on the log of that ratio: a rank
+whose ratio stays above ``DRIFT`` accumulates evidence, and once the sum passes ``THRESHOLD`` the rank is
+declared slow from the step where the sum left zero. The episode ends when the sum falls back to zero. The
+cause is the part of the excess that dominates: data wait (``data``), run-queue wait of the training thread
+when the time accounting is on (``cpu_contention``), the rest of compute (``compute``); when none holds most
+of it, ``unknown``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import math
+import os
+import queue
+import socket
+import statistics
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ...log import logger
+
+__all__ = ["Episode", "StragglerDetector", "StragglerMonitor", "Window", "DRIFT", "THRESHOLD"]
+
+DRIFT = math.log(1.2)  # ratios below 1.2x the other ranks' are noise, not a straggler
+THRESHOLD = 0.5  # CUSUM sum of log-ratio excess that declares a rank slow: one window at ~2x, ~5 at 1.3x
+DOMINANT = 0.5  # a cause is named when it holds more than this share of the rank's excess time
+CALM = 2  # windows in a row under the drift (or with another cause) that end an episode
+_RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
+
+
+@dataclass
+class Window:
+    """One rank's medians over a window of steps ending at ``step``."""
+
+    step: int
+    compute_s: float
+    wait_s: float
+    runq_s: float  # the training thread's run-queue wait per step; NaN without the time accounting
+    host: str = ""
+    pid: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.wait_s
+
+
+@dataclass
+class Episode:
+    """One rank slow from ``since_step`` (to ``until_step``, None while it lasts): the summary's ``stragglers``."""
+
+    rank: int
+    host: str
+    pid: int
+    since_step: int
+    detected_at_step: int
+    slowdown: float  # the rank's time before the collective / the other ranks' median, median over the episode
+    cause: str  # compute, data, cpu_contention or unknown
+    until_step: int | None = None
+    ratios: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["ratios"]
+        return d
+
+    def line(self) -> str:
+        cause = "cause unknown" if self.cause == "unknown" else f"likely {self.cause.replace('_', ' ')}"
+        return (f"straggler: rank {self.rank} ({self.host}, pid {self.pid}) slow since step {self.since_step}: "
+                f"{self.slowdown:.2f}x the other ranks' time before the exchange ({cause})")
+
+
+def _cause(mine: Window, others: list[Window]) -> str:
+    """Which part of this rank's excess over the others' median dominates."""
+    excess = {
+        "data": mine.wait_s - statistics.median(w.wait_s for w in others),
+        "compute": mine.compute_s - statistics.median(w.compute_s for w in others),
+    }
+    if math.isfinite(mine.runq_s) and all(math.isfinite(w.runq_s) for w in others):
+        runq = mine.runq_s - statistics.median(w.runq_s for w in others)
+        excess["cpu_contention"] = min(max(runq, 0.0), max(excess["compute"], 0.0))  # runq is inside compute time
+        excess["compute"] -= excess["cpu_contention"]
+    total = sum(max(v, 0.0) for v in excess.values())
+    name, top = max(excess.items(), key=lambda kv: kv[1])
+    return name if total > 0 and top > DOMINANT * total else "unknown"
+
+
+class StragglerDetector:
+    """Pure: windows of every rank in, episodes out (one CUSUM per rank on log(time / the others' median)).
+
+    An episode ends when the rank's ratio has stayed under ``exp(drift)`` for ``CALM`` windows; when its
+    dominant cause changes for ``CALM`` windows, it ends and a new episode with the new cause begins.
+
+    Example::
+
+        det = StragglerDetector(world=2, every=5)
+        det.update([Window(5, 0.010, 0.0, math.nan), Window(5, 0.031, 0.0, math.nan)])  # -> [Episode(rank=1, ...)]
+    """
+
+    def __init__(self, world: int, every: int, drift: float = DRIFT, threshold: float = THRESHOLD):
+        self.world, self.every, self.drift, self.threshold = world, every, drift, threshold
+        self.sums = [0.0] * world
+        self.rise = [0] * world  # the first step of the window where each rank's sum left zero
+        self.active: list[Episode | None] = [None] * world
+        # per rank, while an episode lasts: (another cause or "calm", since which step, for how many windows)
+        self.pending: list[tuple[str, int, int] | None] = [None] * world
+        self.episodes: list[Episode] = []
+        self.scores: list[float] = [1.0] * world  # the last window's ratios, for metrics.jsonl
+
+    def update(self, windows: list[Window]) -> list[Episode]:
+        """Score one window of steps (one ``Window`` per rank, the same ``step``); return the episodes it opened."""
+        opened = []
+        for r, mine in enumerate(windows):
+            others = windows[:r] + windows[r + 1:]
+            base = statistics.median(w.total_s for w in others)
+            ratio = mine.total_s / base if base > 0 else 1.0
+            self.scores[r] = ratio
+            first = mine.step - self.every + 1  # this window's first step
+            before, self.sums[r] = self.sums[r], max(0.0, self.sums[r] + (math.log(ratio) if ratio > 0 else 0.0)
+                                                     - self.drift)
+            if before == 0.0 and self.sums[r] > 0.0:
+                self.rise[r] = first
+            ep = self.active[r]
+            if ep is None:
+                if self.sums[r] > self.threshold:
+                    opened.append(self._open(r, mine, max(self.rise[r], 1), _cause(mine, others), ratio))
+                continue
+            cause = _cause(mine, others) if ratio > math.exp(self.drift) else "calm"
+            if cause == ep.cause:
+                self.pending[r] = None
+                ep.ratios.append(ratio)
+                ep.slowdown = round(statistics.median(ep.ratios), 3)
+                continue
+            p = self.pending[r]
+            p = self.pending[r] = (cause, p[1], p[2] + 1) if p is not None and p[0] == cause else (cause, first, 1)
+            if p[2] < CALM:
+                continue
+            ep.until_step, self.active[r], self.pending[r] = p[1] - 1, None, None
+            if cause == "calm":
+                self.sums[r] = 0.0
+            else:
+                opened.append(self._open(r, mine, p[1], cause, ratio))
+        return opened
+
+    def _open(self, rank: int, w: Window, since: int, cause: str, ratio: float) -> Episode:
+        ep = Episode(rank, w.host, w.pid, since, w.step, round(ratio, 3), cause, ratios=[ratio])
+        self.active[rank] = ep
+        self.episodes.append(ep)
+        return ep
+
+
+class StragglerMonitor:
+    """This rank's side of the live monitor: windows to the store, and on rank 0 the detector (a side thread).
+
+    Example::
+
+        mon = StragglerMonitor(store, rank, world, every=5, prefix="trainscale/0/strag")
+        mon.step(compute_s, wait_s, runq_s)   # training thread, each measured step: one append
+        ...
+        mon.close()                           # after the last step: the last windows scored, the thread joined
+        mon.episodes()                        # rank 0: the stragglers found
+    """
+
+    def __init__(self, store: Any, rank: int, world: int, every: int, prefix: str):
+        self.store, self.rank, self.world, self.every = store, rank, world, every
+        self.prefix = f"{prefix}/{next(_RUNS)}"
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.detector = StragglerDetector(world, every) if rank == 0 else None
+        self._rows: list[tuple[Any, float, float]] = []
+        self._pending: list[int] = []  # rank 0: its own windows' last steps, not yet scored
+        self._queue: queue.SimpleQueue[tuple[int, list[tuple[Any, float, float]]] | None] = queue.SimpleQueue()
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="trainscale-stragglers", daemon=True)
+        self._thread.start()
+
+    # ---- training thread
+    def step(self, step: int, compute: Any, wait_s: float, runq_s: float) -> None:
+        """Measured step ``step``'s time before the collective (compute and data wait) and run-queue wait.
+
+        ``compute``: seconds, or on CUDA the step's (start, end) events, which the side thread reads.
+        """
+        self._rows.append((compute, wait_s, runq_s))
+        if len(self._rows) == self.every:  # every rank measures the same steps: the windows line up
+            self._queue.put((step, self._rows))
+            self._rows = []
+
+    def close(self, score: bool = True) -> None:
+        """No more steps: score what every rank published (``score``) and join the side thread (before the group
+        ends: a thread inside a store call at interpreter exit can abort the process)."""
+        if not self._thread.is_alive():
+            return
+        if not score:
+            self._failed = True  # publish and score nothing more: a rank may be gone
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def episodes(self) -> list[dict[str, Any]]:
+        """The detected episodes (rank 0; empty elsewhere)."""
+        return [e.as_dict() for e in self.detector.episodes] if self.detector else []
+
+    def scores(self) -> list[float] | None:
+        """Each rank's last scored ratio to the others' median (rank 0), for metrics.jsonl."""
+        return [round(s, 3) for s in self.detector.scores] if self.detector else None
+
+    # ---- side thread
+    def _key(self, rank: int, count: int) -> str:
+        return f"{self.prefix}/{rank}/{count}"
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._failed:
+                continue
+            count, rows = item
+            try:
+                self._publish(count, rows)
+                if self.detector is not None:
+                    self._pending.append(count)
+                    self._score(wait=False)
+            except Exception as e:  # the monitor must never end a training run
+                self._failed = True
+                logger.warning(f"straggler monitor off: {type(e).__name__}: {e}")
+        if self.detector is not None and not self._failed:
+            try:
+                self._score(wait=True)
+            except Exception as e:
+                logger.debug(f"straggler monitor: the last windows were not scored: {e}")
+
+    def _publish(self, count: int, rows: list[tuple[Any, float, float]]) -> None:
+        rows = [(_seconds(c), w, q) for c, w, q in rows]
+        med = [statistics.median(col) for col in zip(*rows)]
+        self.store.set(self._key(self.rank, count), json.dumps([*med, self.host, self.pid]))
+
+    def _score(self, wait: bool) -> None:
+        """Rank 0: score its published windows, oldest first, once every rank has published the same steps."""
+        assert self.detector is not None
+        while self._pending:
+            count = self._pending[0]
+            keys = [self._key(r, count) for r in range(self.world)]
+            if wait:  # the others published before the summary's collectives; a rank that died did not
+                self.store.wait(keys, datetime.timedelta(seconds=5))
+            elif not self.store.check(keys):
+                return
+            values = [json.loads(v) for v in self.store.multi_get(keys)]
+            for k in keys:
+                self.store.delete_key(k)
+            self._pending.pop(0)
+            windows = [Window(count, c, w, q, host, pid) for c, w, q, host, pid in values]
+            for ep in self.detector.update(windows):
+                logger.warning(ep.line())
+
+
+def _seconds(compute: Any) -> float:
+    """A step's compute seconds: a number, or CUDA (start, end) event pairs (read here, off the training thread)."""
+    if isinstance(compute, (int, float)):
+        return float(compute)
+    total = 0.0
+    for start, end in compute:
+        end.synchronize()
+        total += start.elapsed_time(end) / 1000.0
+    return total

@@ -1,0 +1,76 @@
+"""The live straggler monitor: its change-point detector on known series, and a slowed rank named in a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from clitools import FAST, read_json, run_cli
+from trainscale.train.instruments.stragglers import StragglerDetector, Window
+
+NAN = math.nan
+
+
+def feed(det: StragglerDetector, per_rank: list[list[tuple[float, float, float]]], every: int = 5) -> None:
+    """Window ``i`` of every rank: (compute, wait, runq) ending at step (i + 1) * every."""
+    for i, rows in enumerate(zip(*per_rank)):
+        det.update([Window((i + 1) * every, c, w, q, "h", r) for r, (c, w, q) in enumerate(rows)])
+
+
+def test_a_rank_that_becomes_slow_is_named_from_the_window_of_its_onset():
+    det = StragglerDetector(world=4, every=5)
+    fast = [(0.010, 0.001, NAN)] * 20
+    slow = [(0.010, 0.001, NAN)] * 8 + [(0.025, 0.001, NAN)] * 12  # 2.5x compute from window 9 (step 41)
+    feed(det, [fast, fast, slow, fast])
+    [ep] = det.episodes
+    assert (ep.rank, ep.since_step, ep.detected_at_step, ep.cause) == (2, 41, 45, "compute")
+    assert ep.slowdown == pytest.approx(26 / 11, rel=1e-3) and ep.until_step is None
+
+
+def test_the_cause_is_the_part_of_the_excess_that_dominates():
+    fast = [(0.010, 0.001, 0.0)] * 6
+    cases = {"data": (0.010, 0.020, 0.0), "cpu_contention": (0.030, 0.001, 0.018), "compute": (0.030, 0.001, 0.002),
+             "unknown": (0.022, 0.009, 0.004)}  # 8 ms data, 8 compute, 4 run queue: no part holds most of it
+    for cause, row in cases.items():
+        det = StragglerDetector(world=2, every=5)
+        feed(det, [fast, [row] * 6])
+        assert [(e.rank, e.cause) for e in det.episodes] == [(1, cause)], cause
+
+
+def test_an_episode_ends_when_the_rank_recovers():
+    det = StragglerDetector(world=2, every=5)
+    fast = [(0.010, 0.0, NAN)] * 12
+    feed(det, [fast, fast[:3] + [(0.040, 0.0, NAN)] * 3 + fast[:6]])
+    [ep] = det.episodes
+    assert ep.since_step == 16 and ep.until_step is not None and 30 <= ep.until_step <= 40
+
+
+def test_noise_and_a_slowdown_of_every_rank_raise_no_alarm():
+    rng = random.Random(0)
+    det = StragglerDetector(world=4, every=5)
+    # 300 windows of +-15% noise per rank, every rank 3x slower for the last 100 (the whole job slowed: no straggler)
+    series = [[(0.010 * (3 if i >= 200 else 1) * rng.uniform(0.85, 1.15), 0.0, NAN) for i in range(300)]
+              for _ in range(4)]
+    feed(det, series)
+    assert det.episodes == []
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(200)
+def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
+    out = tmp_path / "s.json"
+    r = run_cli(["train", "--nproc", "2", "--steps", "80", *FAST, "--job.slow_rank", "1", "--job.slow_factor", "4",
+                 "--job.slow_from_step", "30", "--job.out", str(tmp_path), "--json", str(out)], timeout=180)
+    assert r.rc == 0, r.text
+    episodes = read_json(out)["stragglers"]
+    # On a loaded machine either rank may also be named for waiting for a CPU (cpu_contention): that is true.
+    [ep] = [e for e in episodes if e["cause"] == "compute"]
+    assert ep["rank"] == 1 and ep["slowdown"] > 2, episodes
+    assert 25 <= ep["since_step"] <= 35 and 30 <= ep["detected_at_step"] <= 46, ep  # within 3 windows of the onset
+    assert f"pid {ep['pid']}) slow since step {ep['since_step']}: " in r.text and "(likely compute)" in r.text
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(row["straggler_scores"]) == 2 for row in rows)  # each rank's time over the other's, per log point
+    assert max(row["straggler_scores"][1] for row in rows) > 2
