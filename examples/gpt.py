@@ -142,13 +142,14 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
     @torch.no_grad()
-    def generate(self, ids: torch.Tensor, new: int, temperature: float = 0.8, top_k: int = 10) -> torch.Tensor:
+    def generate(self, ids: torch.Tensor, new: int, temperature: float = 0.8, top_k: int = 10,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         """``ids`` followed by ``new`` sampled tokens (top-k, at ``temperature``)."""
         for _ in range(new):
             logits = self(ids[:, -self.block:])[:, -1, :].float() / temperature
             v, _ = torch.topk(logits, min(top_k, logits.shape[-1]))
             logits[logits < v[:, [-1]]] = -float("inf")
-            ids = torch.cat([ids, torch.multinomial(F.softmax(logits, dim=-1), 1)], dim=1)
+            ids = torch.cat([ids, torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)], dim=1)
         return ids
 
 
@@ -271,6 +272,13 @@ def main() -> None:
     train_s = time.perf_counter() - t0
     with run.untimed():
         after = validation_loss(run, model, val, args.eval_batches, args.batch_size)
+        if args.sample:  # on every rank, before finish(): under strategy.fsdp each forward all-gathers
+            raw.eval()
+            # A full context of held-out text, then a sliding window: one input shape (a new one costs CPU
+            # kernels a set-up each). One generator seed: every rank draws the same characters.
+            prompt = val.ids[:args.block].unsqueeze(0).to(run.device)
+            g = torch.Generator(device=run.device).manual_seed(0)
+            sample = raw.module.generate(prompt, args.sample, generator=g)[0, args.block:].tolist()
     summary = run.finish()
     if run.is_main:
         print(f"validation loss {before:.3f} -> {after:.3f} in {run.step_count} steps, {train_s:.1f} s "
@@ -282,12 +290,7 @@ def main() -> None:
             print(f"model FLOPs per step {summary['flops_per_step']:.3g}, MFU {summary['mfu']:.1%} "
                   f"(peak {summary['peak_flops_source']})")
         if args.sample:
-            raw.eval()
-            # A full context of held-out text, then a sliding window: one input shape (a new one costs CPU
-            # kernels a set-up each).
-            prompt = val.ids[:args.block].unsqueeze(0).to(run.device)
-            out = raw.module.generate(prompt, args.sample)[0, args.block:].tolist()
-            print("sample: " + "".join(chars[i] for i in out).replace("\n", " / "))
+            print("sample: " + "".join(chars[i] for i in sample).replace("\n", " / "))
 
 
 def check_compiler() -> None:
