@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"config", "distributed", "models"},  # models: import_callable for `module:function` datasets
     # The strategies' meters and the pipeline's bubble use the planner's pure cost formulas (no torch there).
     "strategies": {"config", "distributed", "sim.collectives", "sim.step"},
-    "train": {"config", "distributed", "models", "data", "strategies", "reporting"},
+    # The run's MFU reads the planner's GPU catalogue (one table of peaks, shared; no torch there).
+    "train": {"config", "distributed", "models", "data", "strategies", "reporting", "sim.hardware"},
     "jobs": {"config", "distributed", "train.cli", "train.summary", "reporting"},
     "sim": {"config", "jobs", "reporting", "models", "data"},  # models/data: a job's layout for calibration
     "ps": {"config", "models", "data", "sim", "reporting", "jobs"},

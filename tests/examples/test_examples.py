@@ -4,7 +4,12 @@ the learning rate once per N micro-batches, local SGD exchanges less and ZeRO ke
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,9 +108,41 @@ def test_pipeline_trains_through_forward_backward(tmp_path):
     assert s["loss_last"] < s["loss_first"] and "2 stages" in r.out
 
 
+def test_gpt_learns_and_reports_its_flops_and_mfu(tmp_path):
+    size = ["--layers", "2", "--width", "64", "--block", "32", "--batch-size", "8", "--accum", "2"]
+    r = launch("gpt.py", "--steps", "30", "--chars", "40000", "--eval-batches", "4", "--sample", "40", *size,
+               "--log.skip_first", "2", summary=tmp_path / "s.json")
+    before, after = number(r"validation loss ([\d.]+) ->", r.out), number(r"-> ([\d.]+) in 30 steps", r.out)
+    assert after < before - 0.5, r.out[-2000:]  # uniform guess: ln(36) = 3.58; the grammar is learnable
+    assert "sample: " in r.out
+    s = read_json(tmp_path / "s.json")
+    # 6 N + 12 L d T model FLOPs per token, N without the position embedding; tokens: 2 ranks x 2 x 8 x 32.
+    gpt = runpy.run_path(str(EXAMPLES / "gpt.py"), run_name="gpt_example")
+    vocab = len(set(gpt["make_text"](40000, 0) + gpt["make_text"](4000, 1)))
+    model = gpt["GPT"](vocab, 32, 2, 4, 64)
+    n = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
+    tokens = 2 * 2 * 8 * 32
+    assert s["flops_per_step"] == pytest.approx(6 * n * tokens + 12 * 2 * 64 * 32 * tokens, rel=0.02)
+    assert 0 < s["mfu"] == pytest.approx(s["flops_per_s"] / s["peak_flops"])
+    assert s["peak_flops_source"].startswith("measured: " + ("fp16" if torch.cuda.is_available() else "bf16"))
+    rows = [json.loads(line) for line in Path(s["metrics_jsonl"]).read_text().splitlines()]
+    assert rows and all(row["mfu"] > 0 for row in rows)  # MFU at every log point
+
+
+@pytest.mark.timeout(120)
+def test_gpt_compile_without_a_working_compiler_is_one_line(tmp_path):
+    # No C++ compiler for inductor's CPU backend: the trial compile fails before any process group starts.
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    r = subprocess.run([sys.executable, str(EXAMPLES / "gpt.py"), "--compile", "--steps", "1"], capture_output=True,
+                       text=True, timeout=100, env=env, cwd=REPO)
+    assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "torch.compile does not work here" in r.stderr
+
+
 TESTED = {  # each script in examples/ and the test that runs it
     "classify_digits.py": test_classify_digits,
     "char_lm.py": test_char_lm,
+    "gpt.py": test_gpt_learns_and_reports_its_flops_and_mfu,
     "by_feature/checkpointing.py": test_checkpointing_resumes_to_the_weights_of_an_uninterrupted_run,
     "by_feature/amp_clipping.py": test_amp_clipping_reports_the_norm_and_clips,
     "by_feature/gradient_accumulation.py": test_gradient_accumulation_steps_the_optimizer_and_lr_once_per_accumulation,

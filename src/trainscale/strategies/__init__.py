@@ -96,7 +96,15 @@ class Strategy:
         self.model.require_forward_param_sync = comm
 
     def no_sync(self) -> AbstractContextManager:
-        """DDP's ``no_sync()``: forward and backward inside it accumulate gradients without an exchange."""
+        """DDP's ``no_sync()`` (FSDP's without its reduce-scatter): backward inside it accumulates without an exchange.
+
+        Correct under every data-parallel layout: with overlap off the exchange waits for ``sync_gradients``
+        anyway, and hooks (compression, PowerSGD, local SGD) see the accumulated gradient on the synced
+        backward, as with ``strategy.grad_accum``. A pipeline's schedule runs its own micro-batches: refused.
+        """
+        if self.pipe is not None:
+            raise RuntimeError("no_sync() under a pipeline: the schedule accumulates its micro-batches itself; "
+                               "use strategy.grad_accum and run.forward_backward instead")
         return self.fsdp.no_sync() if self.fsdp is not None else self.model.no_sync()
 
     @property

@@ -25,6 +25,11 @@ class LogPoints:
         self.cfg, self.is_main, self.run_dir, self.out_dir = cfg, is_main, run_dir, out_dir
         self.view: ProgressView | None = None
         self._metrics: MetricsLog | None = None
+        self.flops: tuple[float, float] | None = None  # (the job's FLOPs per optimizer step, its peak FLOP/s)
+
+    def set_flops(self, per_step: float, peak: float) -> None:
+        """The job's model FLOPs per optimizer step and peak FLOP/s: from here each row carries MFU."""
+        self.flops = (per_step, peak)
 
     def open(self) -> MetricsLog:
         """The metrics file and tracker (their import and set-up happen before the first timed step)."""
@@ -55,10 +60,12 @@ class LogPoints:
         if self.view is not None:
             self.view.update(step, point["loss"], rate)
         if self.is_main:
-            self.open().log(step, {"loss": point["loss"], "samples_per_s": rate,
-                                   "step_time_s": point["window_s"] / point["steps"],
-                                   "data_wait_s": wait_s / point["steps"], "time_s": point["time_s"]},
-                            {"straggler_scores": straggler_scores} if straggler_scores else None)
+            step_s = point["window_s"] / point["steps"]
+            row = {"loss": point["loss"], "samples_per_s": rate, "step_time_s": step_s,
+                   "data_wait_s": wait_s / point["steps"], "time_s": point["time_s"]}
+            if self.flops is not None:
+                row["mfu"] = self.flops[0] / step_s / self.flops[1]
+            self.open().log(step, row, {"straggler_scores": straggler_scores} if straggler_scores else None)
 
     @property
     def written(self) -> str | None:

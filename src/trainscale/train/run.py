@@ -37,11 +37,13 @@ from ..log import logger, setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero
 from .checkpointer import Checkpointer
 from .errors import RunError
+from .flops import FlopCount
 from .guard import Guard
 from .instruments import Instruments, StepMode, start_accounting
 from .instruments.losses import LossWindow
 from .loading import is_ready_loader, make_loader
 from .logpoints import LogPoints
+from .peak import Peak, device_peak
 from .prepared import PreparedModel
 from .summary import print_summary, write_summary
 from .summary_builder import RunRecord, build_summary
@@ -98,6 +100,9 @@ class Run:
         self.eval_result: tuple[float, float, int] = (float("nan"), float("nan"), 0)
         self.summary: dict[str, Any] | None = None
         self.model: PreparedModel | None = None
+        self.flop_count = FlopCount()  # the model FLOPs of the run's last warm-up step, counted once
+        self.peak: Peak | None = None  # this rank's peak FLOP/s (measured on a CPU before the first step)
+        self.flops: tuple[float, float] | None = None  # (the job's FLOPs per optimizer step, the job's peak FLOP/s)
         self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
         self.points = LogPoints(cfg, self.env.is_main, self.run_dir, self.out_dir)
         self._loop: dict[str, Any] = {"micro": 0, "mode": StepMode(), "fixed": None, "synced": False,
@@ -150,6 +155,7 @@ class Run:
         if self.cfg.log.stragglers and self.env.world_size > 1 and not st.pipelined:  # stages differ by design
             self.instruments.watch_stragglers(self.guard.side_store(), self.env.world_size, self.guard.attempt)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
+        self.peak = device_peak(self.device, self.cfg.strategy.amp)  # CPU: a matmul benchmark under 0.5 s, cached
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
             self.points.open()  # the tracker's import and set-up, before the first timed step
@@ -216,6 +222,12 @@ class Run:
             # DDP exchanges gradients in backward only on the last micro-step (set before forward).
             st.set_grad_sync(self._last_micro() and not mode.no_comm and not ins.calibrating, comm=not mode.no_comm)
             ins.forward_starts()
+            # The last warm-up step (the last calibration step of the sleep test, whose compute is still real):
+            # the counter's overhead is never timed, and a torch.compile'd model has compiled by then
+            # (counting while dynamo compiles also counts the compiler's own runs).
+            if self.flop_count.flops is None and not loop["micro"] and not self.flop_count.active \
+                    and self.step_count - self.start_step == (ins.calib_steps or ins.warm) - 1:
+                self.flop_count.start()
             before = self.step_count * self.accum + loop["micro"]
             yield batch
             if self.step_count * self.accum + loop["micro"] == before:
@@ -283,6 +295,55 @@ class Run:
         st.scaler.unscale_(self.optimizer)  # no-op scale without fp16; step() then skips unscaling again
         return st.clip_grad_norm(max_norm, norm_type)
 
+    def no_sync(self) -> Any:
+        """Context for the micro-steps of a user's own accumulation: backward inside it skips the gradient exchange.
+
+        nanoGPT's ``model.require_backward_grad_sync = last`` as a context: wrap every micro-step but the last
+        of an optimizer step; the last one's backward exchanges the summed gradients. Gradients then equal
+        ``strategy.grad_accum``'s (divide each micro-step's loss by their number, as it does). Under overlap off,
+        compression, local SGD and ZeRO it is the same, under FSDP it is FSDP's own (no reduce-scatter until the
+        last micro-step); under a pipeline it is refused (the schedule runs the micro-batches). Leave ``strategy.grad_accum`` at 1: the two accumulations would multiply.
+
+        Example::
+
+            for x, y in run.batches(loader, steps=1000):          # a batch of K micro-batches
+                for i, (xm, ym) in enumerate(zip(x.chunk(K), y.chunk(K))):
+                    with run.no_sync() if i < K - 1 else contextlib.nullcontext():
+                        run.backward(loss_fn(model(xm), ym) / K)
+                run.clip_gradients(1.0)
+                run.step()
+        """
+        st = self._need_prepared("no_sync")[0]
+        if st.pipelined:
+            raise RunError("run.no_sync() under a pipeline: the schedule accumulates its micro-batches itself; "
+                           "use --strategy.grad_accum N and run.forward_backward instead")
+        if self.accum > 1:
+            raise RunError(f"run.no_sync() with strategy.grad_accum = {self.accum}: the run accumulates already; "
+                           "use one or the other (grad_accum 1 with your own micro-steps)")
+        return st.no_sync()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce ``tensor`` in place over every rank (collective) and return it: sum, mean, max, min, product.
+
+        For a user's own evaluation loop; call it on every rank, outside the timed step (``run.untimed()``).
+
+        Example::
+
+            hits = run.all_reduce(torch.tensor([correct, seen], device=run.device))
+        """
+        from .reduce import all_reduce
+        return all_reduce(tensor, op)
+
+    def mean(self, value: torch.Tensor | float) -> torch.Tensor:
+        """The mean of ``value`` over every rank (collective), as a new tensor on the run's device.
+
+        Example::
+
+            val_loss = run.mean(torch.stack(batch_losses).mean()).item()
+        """
+        from .reduce import mean
+        return mean(value, self.device)
+
     def _sync_gradients(self) -> None:
         """The exchange that waits for the step (overlap off), once per optimizer step."""
         if not self._loop["synced"] and not self._loop["mode"].no_comm:
@@ -297,6 +358,8 @@ class Run:
         if loop["micro"] < self.accum:
             return False
         loop["micro"] = 0
+        if self.flop_count.active:
+            self._flops_counted()
         ins.step_called()
         mode, opt = loop["mode"], self.optimizer
         if opt is None:
@@ -314,6 +377,16 @@ class Run:
         ins.step_done(self.step_count - self.start_step, mode)
         self._log_point()
         return True
+
+    def _flops_counted(self) -> None:
+        """The counted step's forward and backward are done: the job's FLOPs per step and peak (collective)."""
+        assert self.peak is not None
+        mine = self.flop_count.stop()
+        both = torch.tensor([float(mine), self.peak.flops], dtype=torch.float64, device=self.device)
+        dist.all_reduce(both)  # every rank counts its own share (a pipeline's stages differ); peaks add up
+        if both[0].item() > 0:  # a host-device sync, in this one warm-up step
+            self.flops = (both[0].item(), both[1].item())
+            self.points.set_flops(*self.flops)
 
     def _log_point(self) -> None:
         st, ins = self._need_prepared("step")
@@ -406,6 +479,7 @@ class Run:
             return
         loop["ended"] = True
         self.points.close_view()
+        self.flop_count.stop()  # a loop that ended inside the counted step: the counter leaves this thread
         if self.instruments is not None:
             self.instruments.end_steps()  # the accounting's last read, while the loader's threads still run
         self._close_io()
@@ -436,8 +510,8 @@ class Run:
                         shards=self._shard()[1], started_at=self.started_at, restarts=self.guard.attempt,
                         steps_redone=self.guard.steps_redone(self.start_step), preempted=self.preempted,
                         eval_result=self.eval_result, out_dir=self.out_dir,
-                        metrics_jsonl=self.points.written,
-                        extra=extra)
+                        metrics_jsonl=self.points.written, flops=self.flops,
+                        peak_source=self.peak.source if self.peak else None, extra=extra)
         return build_summary(self.cfg, self.env, st, ins, self.losses, self.loaders, self.optimizer, rec)
 
     def _close_io(self) -> None:

@@ -102,7 +102,7 @@ def human(value: Any, unit: str = "") -> str:
 # How the terminal table shows each field (unit for ``human``); the JSON keeps full precision.
 _UNITS = {"samples_per_s": "samples/s", "data_samples_per_s": "samples/s", "step_time_s": "s", "comm_wait_s": "s",
           "wall_s": "s", "step_time_spread": "%", "data_wait_frac": "%", "eval_accuracy": "%",
-          "comm_bytes_per_step": "B", "optim_state_bytes": "B"}
+          "comm_bytes_per_step": "B", "optim_state_bytes": "B", "mfu": "%"}
 
 
 def _fmt(key: str, v: Any) -> str:
@@ -116,6 +116,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for key in ("model", "world_size", "backend", "global_batch", "steps", "samples_per_s", "step_time_s",
                 "step_time_spread", "data_wait_frac", "data_samples_per_s", "loss_first", "loss_last", "eval_loss", "eval_accuracy",
+                "flops_per_step", "mfu", "peak_flops_source",
                 "allreduce_calls_per_step", "bucket_mb", "comm_bytes_per_step", "comm_wait_s", "optim_state_bytes",
                 "overlap", "amp", "wall_s"):
         if key in summary:

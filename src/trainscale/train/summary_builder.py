@@ -44,6 +44,8 @@ class RunRecord:
     eval_result: tuple[float, float, int]
     out_dir: Path
     metrics_jsonl: str | None = None
+    flops: tuple[float, float] | None = None  # (the job's model FLOPs per optimizer step, its peak FLOP/s)
+    peak_source: str | None = None  # where the peak comes from: the catalogue, or measured on this host
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,6 +87,7 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
         "restarts": rec.restarts, "steps_redone": rec.steps_redone,
         "resumed_from_step": rec.start_step, "preempted": rec.preempted,
         "wall_s": time.perf_counter() - losses.t_loop, "config": config_to_dict(cfg), "loss_curve": losses.curve,
+        **_flops_fields(rec, med, a.compute == "sleep"),
         "strategy": {k: getattr(cfg.strategy, k) for k in ("hierarchical", "compression", "comm_groups",
                                                             "local_sgd_period", "local_sgd_warmup", "shard_optimizer")},
     }
@@ -98,6 +101,17 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
     out.update(ins.artefacts)
     out.update(rec.extra)
     return out
+
+
+def _flops_fields(rec: RunRecord, step_s: float, sleeping: bool) -> dict[str, Any]:
+    """Model FLOPs per optimizer step (all ranks), achieved FLOP/s at the median step, and MFU against the peak."""
+    if rec.flops is None:
+        return {"flops_per_step": None, "flops_per_s": None, "peak_flops": None, "peak_flops_source": rec.peak_source,
+                "mfu": None}
+    per_step, peak = rec.flops
+    achieved = per_step / step_s if step_s > 0 and not sleeping else float("nan")  # sleeping compute: no FLOPs
+    return {"flops_per_step": per_step, "flops_per_s": achieved, "peak_flops": peak,
+            "peak_flops_source": rec.peak_source, "mfu": achieved / peak}
 
 
 def _loader_fields(loader: Any, env: DistEnv, shards: int) -> dict[str, Any]:
