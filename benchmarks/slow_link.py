@@ -102,15 +102,26 @@ def _make(link: Link, made: list[str]) -> None:
 
 def run_two_nodes(link: Link, args: list[str], json_path: Path, nproc: int = 2, timeout: float = 600) -> dict:
     """One job on both nodes: each node's launcher in its namespace; rank 0's summary."""
-    procs = []
+    commands: list[tuple[list[str], dict[str, str]]] = []
     for k in (0, 1):
         env = {**os.environ, "GLOO_SOCKET_IFNAME": link.veth[k], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         argv = ["ip", "netns", "exec", link.ns[k], sys.executable, "-m", "trainscale", "launch", "--nnodes", "2",
                 "--node-rank", str(k), "--master-addr", link.addr[0], "--master-port", "29500", "--nproc-per-node",
                 str(nproc), "-m", "trainscale", "train", *args, "--json", str(json_path)]
-        # A session each, so that a timeout ends the launcher and its ranks together (ip netns exec execs it).
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True))
+        commands.append((argv, env))
+    procs, outs = _both_nodes(commands, timeout)
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"two-node run failed ({[p.returncode for p in procs]}):\n" + "\n".join(o[-2000:]
+                                                                                                 for o in outs))
+    return json.loads(json_path.read_text())
+
+
+def _both_nodes(commands: list[tuple[list[str], dict[str, str]]], timeout: float
+                ) -> tuple[list[subprocess.Popen], list[str]]:
+    """Start each node's command and wait for both; on a timeout, end each with its whole session."""
+    # A session each, so that a timeout ends the launcher and its ranks together (ip netns exec execs it).
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for argv, env in commands]
     outs = []
     try:
         for p in procs:
@@ -121,10 +132,7 @@ def run_two_nodes(link: Link, args: list[str], json_path: Path, nproc: int = 2, 
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"two-node run failed ({[p.returncode for p in procs]}):\n" + "\n".join(o[-2000:]
-                                                                                                 for o in outs))
-    return json.loads(json_path.read_text())
+    return procs, outs
 
 
 def doctor_two_nodes(link: Link, job: list[str], out: Path, timeout: float = 900) -> dict:
@@ -137,25 +145,15 @@ def doctor_two_nodes(link: Link, job: list[str], out: Path, timeout: float = 900
     (out / "node0" / "runs").mkdir(parents=True)
     (out / "node1").mkdir()
     (out / "node1" / "runs").symlink_to(out / "node0" / "runs")
-    procs = []
+    commands: list[tuple[list[str], dict[str, str]]] = []
     for k in (0, 1):
         env = {**os.environ, "GLOO_SOCKET_IFNAME": link.veth[k], "OMP_NUM_THREADS": "1", "PET_NNODES": "2",
                "PET_NODE_RANK": str(k), "PET_MASTER_ADDR": link.addr[0], "PET_MASTER_PORT": "29500"}
         argv = ["ip", "netns", "exec", link.ns[k], sys.executable, "-m", "trainscale", "doctor", "--nproc", "2",
                 "--quick", "--repeat", "2", "--budget", "1", "--cycles", "3", "--phase-steps", "4",
                 "--out", str(out / f"node{k}"), *[x for x in job if x not in ("--log.progress", "none")]]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        commands.append((argv, env))
+    procs, outs = _both_nodes(commands, timeout)
     doc = json.loads((out / "node0" / "doctor.json").read_text()) if (out / "node0" / "doctor.json").is_file() else {}
     causes = [{"name": c["name"], "share": c.get("share"), "verdict": c.get("verdict"),
                "significant": c.get("significant")} for c in doc.get("causes", [])]
