@@ -14,9 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils import flop_counter as fc
 
-__all__ = ["FlopCount", "count_flops", "flop_counter"]
+from .peak import Peak, device_peak
+
+__all__ = ["FlopCount", "FlopMeter", "count_flops", "flop_counter"]
 
 _aten = torch.ops.aten
 
@@ -123,3 +126,48 @@ class FlopCount:
         counting.__exit__(None, None, None)
         self.flops = counting.flops
         return self.flops
+
+
+class FlopMeter:
+    """The run's model FLOPs per optimizer step and the job's peak FLOP/s, for MFU: counted once, in a warm-up step.
+
+    Example::
+
+        meter = FlopMeter(device, "bf16")
+        meter.measure_peak()                    # before the first step (CPU: a matmul benchmark, cached)
+        meter.at_batch(steps_done, micro, 2)    # each batch: counting starts before step 3's first micro-batch
+        job = meter.at_step()                   # each run.step(): (FLOPs per step, peak) once counted (collective)
+    """
+
+    def __init__(self, device: torch.device, amp: str):
+        self.device, self.amp = device, amp
+        self.count = FlopCount()
+        self.peak: Peak | None = None  # this rank's peak FLOP/s
+        self.job: tuple[float, float] | None = None  # (the job's FLOPs per optimizer step, the job's peak FLOP/s)
+
+    @property
+    def source(self) -> str | None:
+        return self.peak.source if self.peak else None
+
+    def measure_peak(self) -> None:
+        self.peak = device_peak(self.device, self.amp)
+
+    def at_batch(self, steps_done: int, micro: int, count_step: int) -> None:
+        """Start counting before the first micro-batch of the run's step ``count_step + 1`` (0-based ``count_step``)."""
+        if self.count.flops is None and not micro and not self.count.active and steps_done == count_step:
+            self.count.start()
+
+    def at_step(self) -> tuple[float, float] | None:
+        """At ``run.step()``: the counted step's forward and backward are done; the job's totals (collective, once)."""
+        if not self.count.active or self.peak is None:
+            return None
+        mine = self.count.stop()
+        both = torch.tensor([float(mine), self.peak.flops], dtype=torch.float64, device=self.device)
+        dist.all_reduce(both)  # every rank counts its own share (a pipeline's stages differ); peaks add up
+        if both[0].item() > 0:  # a host-device sync, in this one warm-up step
+            self.job = (both[0].item(), both[1].item())
+        return self.job
+
+    def close(self) -> None:
+        """A loop that ended inside the counted step: the counter leaves this thread."""
+        self.count.stop()

@@ -37,13 +37,12 @@ from ..log import logger, setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero
 from .checkpointer import Checkpointer
 from .errors import RunError
-from .flops import FlopCount
+from .flops import FlopMeter
 from .guard import Guard
 from .instruments import Instruments, StepMode, start_accounting
 from .instruments.losses import LossWindow
 from .loading import is_ready_loader, make_loader
 from .logpoints import LogPoints
-from .peak import Peak, device_peak
 from .prepared import PreparedModel
 from .summary import print_summary, write_summary
 from .summary_builder import RunRecord, build_summary
@@ -100,9 +99,7 @@ class Run:
         self.eval_result: tuple[float, float, int] = (float("nan"), float("nan"), 0)
         self.summary: dict[str, Any] | None = None
         self.model: PreparedModel | None = None
-        self.flop_count = FlopCount()  # the model FLOPs of the run's last warm-up step, counted once
-        self.peak: Peak | None = None  # this rank's peak FLOP/s (measured on a CPU before the first step)
-        self.flops: tuple[float, float] | None = None  # (the job's FLOPs per optimizer step, the job's peak FLOP/s)
+        self.flops = FlopMeter(self.env.device, cfg.strategy.amp)  # model FLOPs and peak, for MFU
         self.started_at = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
         self.points = LogPoints(cfg, self.env.is_main, self.run_dir, self.out_dir)
         self._loop: dict[str, Any] = {"micro": 0, "mode": StepMode(), "fixed": None, "synced": False,
@@ -155,7 +152,7 @@ class Run:
         if self.cfg.log.stragglers and self.env.world_size > 1 and not st.pipelined:  # stages differ by design
             self.instruments.watch_stragglers(self.guard.side_store(), self.env.world_size, self.guard.attempt)
         self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.loaders)
-        self.peak = device_peak(self.device, self.cfg.strategy.amp)  # CPU: a matmul benchmark under 0.5 s, cached
+        self.flops.measure_peak()  # CPU: a matmul benchmark under 0.5 s, cached
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
             self.points.open()  # the tracker's import and set-up, before the first timed step
@@ -225,9 +222,9 @@ class Run:
             # The last warm-up step (the last calibration step of the sleep test, whose compute is still real):
             # the counter's overhead is never timed, and a torch.compile'd model has compiled by then
             # (counting while dynamo compiles also counts the compiler's own runs).
-            if self.flop_count.flops is None and not loop["micro"] and not self.flop_count.active \
-                    and self.step_count - self.start_step == (ins.calib_steps or ins.warm) - 1:
-                self.flop_count.start()
+            # Counted in the last warm-up step (the sleep test's last calibration step, whose compute is still
+            # real): never timed, and a torch.compile'd model has compiled by then.
+            self.flops.at_batch(self.step_count - self.start_step, loop["micro"], (ins.calib_steps or ins.warm) - 1)
             before = self.step_count * self.accum + loop["micro"]
             yield batch
             if self.step_count * self.accum + loop["micro"] == before:
@@ -358,8 +355,8 @@ class Run:
         if loop["micro"] < self.accum:
             return False
         loop["micro"] = 0
-        if self.flop_count.active:
-            self._flops_counted()
+        if (job := self.flops.at_step()) is not None:
+            self.points.set_flops(*job)
         ins.step_called()
         mode, opt = loop["mode"], self.optimizer
         if opt is None:
@@ -377,16 +374,6 @@ class Run:
         ins.step_done(self.step_count - self.start_step, mode)
         self._log_point()
         return True
-
-    def _flops_counted(self) -> None:
-        """The counted step's forward and backward are done: the job's FLOPs per step and peak (collective)."""
-        assert self.peak is not None
-        mine = self.flop_count.stop()
-        both = torch.tensor([float(mine), self.peak.flops], dtype=torch.float64, device=self.device)
-        dist.all_reduce(both)  # every rank counts its own share (a pipeline's stages differ); peaks add up
-        if both[0].item() > 0:  # a host-device sync, in this one warm-up step
-            self.flops = (both[0].item(), both[1].item())
-            self.points.set_flops(*self.flops)
 
     def _log_point(self) -> None:
         st, ins = self._need_prepared("step")
@@ -479,7 +466,7 @@ class Run:
             return
         loop["ended"] = True
         self.points.close_view()
-        self.flop_count.stop()  # a loop that ended inside the counted step: the counter leaves this thread
+        self.flops.close()
         if self.instruments is not None:
             self.instruments.end_steps()  # the accounting's last read, while the loader's threads still run
         self._close_io()
@@ -510,8 +497,8 @@ class Run:
                         shards=self._shard()[1], started_at=self.started_at, restarts=self.guard.attempt,
                         steps_redone=self.guard.steps_redone(self.start_step), preempted=self.preempted,
                         eval_result=self.eval_result, out_dir=self.out_dir,
-                        metrics_jsonl=self.points.written, flops=self.flops,
-                        peak_source=self.peak.source if self.peak else None, extra=extra)
+                        metrics_jsonl=self.points.written, flops=self.flops.job, peak_source=self.flops.source,
+                        extra=extra)
         return build_summary(self.cfg, self.env, st, ins, self.losses, self.loaders, self.optimizer, rec)
 
     def _close_io(self) -> None:
