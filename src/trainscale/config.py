@@ -374,7 +374,8 @@ class LogConfig(_Section):
     stragglers: bool = _f(True, "live straggler monitor: each rank's time before the exchange (compute + data wait), "
                           "compared across ranks every log.straggler_every measured steps; a rank that became slow "
                           "is named in a warning and in the summary's stragglers list")
-    straggler_every: int = _f(5, "steps per window of the straggler monitor (one store write per rank per window)")
+    straggler_every: int = _f(10, "steps per window of the straggler monitor (one store write per rank per window; "
+                                  "rank 0 reads every rank's): shorter detects sooner and costs more")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -63,7 +63,7 @@ def test_noise_and_a_slowdown_of_every_rank_raise_no_alarm():
 def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
     out = tmp_path / "s.json"
     r = run_cli(["train", "--nproc", "2", "--steps", "80", *FAST, "--job.slow_rank", "1", "--job.slow_factor", "4",
-                 "--job.slow_from_step", "30", "--job.out", str(tmp_path), "--json", str(out)], timeout=180)
+                 "--job.slow_from_step", "30", "--log.straggler_every", "5", "--job.out", str(tmp_path), "--json", str(out)], timeout=180)
     assert r.rc == 0, r.text
     episodes = read_json(out)["stragglers"]
     # On a loaded machine either rank may also be named for waiting for a CPU (cpu_contention): that is true.

@@ -17,15 +17,14 @@ of it, ``unknown``.
 
 from __future__ import annotations
 
-import datetime
 import itertools
-import json
 import math
 import os
 import queue
 import socket
 import statistics
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ DRIFT = math.log(1.2)  # ratios below 1.2x the other ranks' are noise, not a str
 THRESHOLD = 0.5  # CUSUM sum of log-ratio excess that declares a rank slow: one window at ~2x, ~5 at 1.3x
 DOMINANT = 0.5  # a cause is named when it holds more than this share of the rank's excess time
 CALM = 2  # windows in a row under the drift (or with another cause) that end an episode
+RING = 64  # store slots per rank for its windows: rank 0 may lag this many windows behind
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
 
 
@@ -165,7 +165,7 @@ class StragglerMonitor:
 
     Example::
 
-        mon = StragglerMonitor(store, rank, world, every=5, prefix="trainscale/0/strag")
+        mon = StragglerMonitor(store, rank, world, every=10, prefix="trainscale/0/strag")
         mon.step(compute_s, wait_s, runq_s)   # training thread, each measured step: one append
         ...
         mon.close()                           # after the last step: the last windows scored, the thread joined
@@ -175,12 +175,16 @@ class StragglerMonitor:
     def __init__(self, store: Any, rank: int, world: int, every: int, prefix: str):
         self.store, self.rank, self.world, self.every = store, rank, world, every
         self.prefix = f"{prefix}/{next(_RUNS)}"
-        self.host, self.pid = socket.gethostname(), os.getpid()
         self.detector = StragglerDetector(world, every) if rank == 0 else None
         self._rows: list[tuple[Any, float, float]] = []
         self._pending: list[int] = []  # rank 0: its own windows' last steps, not yet scored
+        self._ids: list[tuple[str, int]] = []  # rank 0: every rank's (host, pid), read once
         self._queue: queue.SimpleQueue[tuple[int, list[tuple[Any, float, float]]] | None] = queue.SimpleQueue()
         self._failed = False
+        # Before the run's first collective (prepare's), so that every rank's keys exist when rank 0 reads them.
+        store.set(f"{self.prefix}/id/{rank}", f"{socket.gethostname()} {os.getpid()}")
+        for slot in range(RING):
+            store.set(self._key(rank, slot), "-1")
         self._thread = threading.Thread(target=self._run, name="trainscale-stragglers", daemon=True)
         self._thread.start()
 
@@ -214,48 +218,55 @@ class StragglerMonitor:
         return [round(s, 3) for s in self.detector.scores] if self.detector else None
 
     # ---- side thread
-    def _key(self, rank: int, count: int) -> str:
-        return f"{self.prefix}/{rank}/{count}"
+    def _key(self, rank: int, slot: int) -> str:
+        return f"{self.prefix}/{rank}/{slot}"
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             if self._failed:
                 continue
-            count, rows = item
+            step, rows = item
             try:
-                self._publish(count, rows)
+                self._publish(step, rows)
                 if self.detector is not None:
-                    self._pending.append(count)
-                    self._score(wait=False)
+                    self._pending.append(step)
+                    self._score(wait_s=0.0)
             except Exception as e:  # the monitor must never end a training run
                 self._failed = True
                 logger.warning(f"straggler monitor off: {type(e).__name__}: {e}")
         if self.detector is not None and not self._failed:
-            try:
-                self._score(wait=True)
+            try:  # the others' last windows are a few steps behind at most; a rank that died never sends its own
+                self._score(wait_s=5.0)
             except Exception as e:
                 logger.debug(f"straggler monitor: the last windows were not scored: {e}")
 
-    def _publish(self, count: int, rows: list[tuple[Any, float, float]]) -> None:
-        rows = [(_seconds(c), w, q) for c, w, q in rows]
-        med = [statistics.median(col) for col in zip(*rows)]
-        self.store.set(self._key(self.rank, count), json.dumps([*med, self.host, self.pid]))
+    def _publish(self, step: int, rows: list[tuple[Any, float, float]]) -> None:
+        """One store write per window: ``"step compute wait runq"`` into the rank's ring of ``RING`` slots."""
+        med = [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])]
+        self.store.set(self._key(self.rank, (step // self.every) % RING), " ".join(map(repr, [step, *med])))
 
-    def _score(self, wait: bool) -> None:
-        """Rank 0: score its published windows, oldest first, once every rank has published the same steps."""
+    def _score(self, wait_s: float) -> None:
+        """Rank 0: score its published windows, oldest first, once every rank has published the same steps (one
+        read of every rank's slot per window; a window a lagging rank 0 lost to the ring is skipped)."""
         assert self.detector is not None
+        if not self._ids:
+            ids = self.store.multi_get([f"{self.prefix}/id/{r}" for r in range(self.world)])
+            self._ids = [(h, int(p)) for h, p in (v.decode().split() for v in ids)]
+        deadline = time.monotonic() + wait_s
         while self._pending:
-            count = self._pending[0]
-            keys = [self._key(r, count) for r in range(self.world)]
-            if wait:  # the others published before the summary's collectives; a rank that died did not
-                self.store.wait(keys, datetime.timedelta(seconds=5))
-            elif not self.store.check(keys):
-                return
-            values = [json.loads(v) for v in self.store.multi_get(keys)]
-            for k in keys:
-                self.store.delete_key(k)
+            step = self._pending[0]
+            keys = [self._key(r, (step // self.every) % RING) for r in range(self.world)]
+            values = [v.decode().split() for v in self.store.multi_get(keys)]
+            if any(int(v[0]) < step for v in values):  # not every rank is there yet
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
+                continue
             self._pending.pop(0)
-            windows = [Window(count, c, w, q, host, pid) for c, w, q, host, pid in values]
+            if any(int(v[0]) > step for v in values):
+                continue
+            windows = [Window(step, float(c), float(w), float(q), *self._ids[r])
+                       for r, (_, c, w, q) in enumerate(values)]
             for ep in self.detector.update(windows):
                 logger.warning(ep.line())
 
