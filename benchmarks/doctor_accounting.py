@@ -52,9 +52,10 @@ def clipped_mean(times: list[float]) -> float:
     return statistics.fmean(min(t, cap) for t in times)
 
 
-def toggled_chunks(chunks: int) -> dict[str, list[float]]:
-    """Per chunk of one run whose accounting is on in chunks 0, 3, 4, 7, 8, ... (ABBA): mean step seconds
-    (``on``, ``off``) and the training thread's CPU seconds per step (``cpu_on``, ``cpu_off``)."""
+def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "accounting") -> dict[str, list[float]]:
+    """Per chunk of one run whose ``instrument`` (an attribute of the run's instruments) is on in chunks 0, 3, 4,
+    7, 8, ... (ABBA): mean step seconds (``on``, ``off``) and the training thread's CPU seconds per step
+    (``cpu_on``, ``cpu_off``)."""
     import trainscale
     from trainscale.data import build_datasets
     from trainscale.models import build_model
@@ -62,15 +63,15 @@ def toggled_chunks(chunks: int) -> dict[str, list[float]]:
     from trainscale.train.trainer import build_optimizer
 
     steps = 3 + chunks * CHUNK
-    run = trainscale.init(args=JOB + ["--job.steps", str(steps)])
+    run = trainscale.init(args=job + ["--job.steps", str(steps)])
     cfg = run.cfg
     train, _, info = build_datasets(cfg.data)
     model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
     model, opt, loader = run.prepare(model, build_optimizer(model.parameters(), cfg), train, data_info=info)
     loss_fn = resolve_loss(cfg.job.loss)
     ins = run.instruments
-    assert ins is not None and ins.accounting is not None
-    acct = ins.accounting
+    assert ins is not None and getattr(ins, instrument) is not None
+    tool = getattr(ins, instrument)
     out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": []}
     times: list[float] = []
     t_prev = cpu0 = 0.0
@@ -83,17 +84,17 @@ def toggled_chunks(chunks: int) -> dict[str, list[float]]:
             times.append(now - t_prev)
         if k >= 0 and k % CHUNK == 0:
             if times:
-                mode = "on" if ins.accounting is not None else "off"
+                mode = "on" if getattr(ins, instrument) is not None else "off"
                 out[mode].append(clipped_mean(times))
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
             on = (k // CHUNK) % 4 in (0, 3)
-            if on and ins.accounting is None:
-                acct.resume()  # readings restart: what the threads did while it was off is not counted
-            ins.accounting = acct if on else None
+            if on and getattr(ins, instrument) is None and hasattr(tool, "resume"):
+                tool.resume()  # the accounting's readings restart: what the threads did while off is not counted
+            setattr(ins, instrument, tool if on else None)
             times, cpu0 = [], time.thread_time()
             now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
         t_prev = now
-    ins.accounting = acct
+    setattr(ins, instrument, tool)
     run.finish()
     return out
 

@@ -25,53 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from doctor_accounting import CHUNK, clipped_mean, summary
+from doctor_accounting import summary, toggled_chunks
 
 JOB = ["--log.progress", "none", "--data.eval_size", "0", "--log.metrics", "false", "--log.skip_first", "3"]
 CALLS = 2000  # one-float all-reduces per Flight Recorder launch
-
-
-def toggled_chunks(chunks: int) -> dict[str, list[float]]:
-    """Per chunk of one run whose monitor is fed in chunks 0, 3, 4, 7, 8, ... (ABBA): mean step seconds and the
-    training thread's CPU seconds per step."""
-    import trainscale
-    from trainscale.data import build_datasets
-    from trainscale.models import build_model
-    from trainscale.models.losses import resolve_loss
-    from trainscale.train.trainer import build_optimizer
-
-    steps = 3 + chunks * CHUNK
-    run = trainscale.init(args=JOB + ["--job.steps", str(steps)])
-    cfg = run.cfg
-    train, _, info = build_datasets(cfg.data)
-    model = build_model(cfg.model.name, info.in_shape, info.num_classes, cfg.model.width, cfg.model.depth)
-    model, opt, loader = run.prepare(model, build_optimizer(model.parameters(), cfg), train, data_info=info)
-    loss_fn = resolve_loss(cfg.job.loss)
-    ins = run.instruments
-    assert ins is not None and ins.monitor is not None
-    monitor = ins.monitor
-    out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": []}
-    times: list[float] = []
-    t_prev = cpu0 = 0.0
-    for x, y in run.batches(loader, steps=steps):
-        run.forward_backward(x, y, loss_fn)
-        run.step()
-        now = time.perf_counter()
-        k = run.step_count - 3  # steps after warm-up
-        if k > 0:
-            times.append(now - t_prev)
-        if k >= 0 and k % CHUNK == 0:
-            if times:
-                mode = "on" if ins.monitor is not None else "off"
-                out[mode].append(clipped_mean(times))
-                out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
-            ins.monitor = monitor if (k // CHUNK) % 4 in (0, 3) else None
-            times, cpu0 = [], time.thread_time()
-            now = time.perf_counter()
-        t_prev = now
-    ins.monitor = monitor
-    run.finish()
-    return out
 
 
 def collectives() -> float:
@@ -94,7 +51,7 @@ def collectives() -> float:
 
 
 def worker(chunks: int, out: str, fr_only: bool) -> None:
-    result = {"collective_s": collectives()} if fr_only else {"inside": toggled_chunks(chunks)}
+    result = {"collective_s": collectives()} if fr_only else {"inside": toggled_chunks(chunks, JOB, "monitor")}
     if int(os.environ["RANK"]) == 0:
         Path(out).write_text(json.dumps(result))
 
