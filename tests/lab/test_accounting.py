@@ -91,6 +91,23 @@ def test_measured_cpu_contention_is_taken_out_of_communication():
     assert res["invariants"] == []
 
 
+def test_contention_inside_many_small_all_reduces_brings_the_bucket_change():
+    # Tiny buckets beside a neighbour: each of 34 all-reduces per step wakes the ranks, which wait for a core each
+    # time. The wait is contention, and fusing the buckets is what removes most of it, so that change comes along.
+    ext = {"machine_cores": 2, "cores": 1.0, "top": [{"pid": 4242, "name": "sh", "cores": 1.0}]}
+    runs = phased(n_runq=0.003)
+    for p in runs[("base", 2)]:
+        p["allreduce_calls_per_step"] = 34
+    cpu = {x["name"]: x for x in analyse(runs, 2, {**CTX, "bucket_mb": 0.0, "external": ext},
+                                         replicates=60)["causes"]}["cpu_contention"]
+    assert cpu["apply_flags"] == {"strategy.bucket_mb": "25"}
+    assert "pid 4242" in cpu["suggestion"] and "--strategy.bucket_mb 25" in cpu["suggestion"]
+    # Buckets already fused: only the neighbour is named.
+    cpu = {x["name"]: x for x in analyse(phased(n_runq=0.003), 2, {**CTX, "external": ext},
+                                         replicates=60)["causes"]}["cpu_contention"]
+    assert cpu["apply_flags"] == {} and "bucket" not in cpu["suggestion"]
+
+
 def test_without_contention_communication_keeps_its_time():
     res = analyse(phased(n_runq=0.0), 2, CTX, replicates=60)
     c = {x["name"]: x for x in res["causes"]}

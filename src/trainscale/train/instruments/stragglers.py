@@ -100,7 +100,9 @@ class StragglerDetector:
     """Pure: windows of every rank in, episodes out (one CUSUM per rank on log(time / the others' median)).
 
     An episode ends when the rank's ratio has stayed under ``exp(drift)`` for ``CALM`` windows; when its
-    dominant cause changes for ``CALM`` windows, it ends and a new episode with the new cause begins.
+    dominant cause changes for ``CALM`` windows, it ends and a new episode with the new cause begins. A rank that
+    gets worse while slow (a second CUSUM, on its ratio over the episode's level) starts a new episode too, so a
+    fault on a rank that was already a little slow is still named from its own onset.
 
     Example::
 
@@ -112,6 +114,8 @@ class StragglerDetector:
         self.world, self.every, self.drift, self.threshold = world, every, drift, threshold
         self.sums = [0.0] * world
         self.rise = [0] * world  # the first step of the window where each rank's sum left zero
+        self.worse = [0.0] * world  # while an episode lasts: CUSUM of log(ratio / the episode's level)
+        self.worse_rise = [0] * world
         self.active: list[Episode | None] = [None] * world
         # per rank, while an episode lasts: (another cause or "calm", since which step, for how many windows)
         self.pending: list[tuple[str, int, int] | None] = [None] * world
@@ -136,6 +140,10 @@ class StragglerDetector:
                 if self.sums[r] > self.threshold:
                     opened.append(self._open(r, mine, max(self.rise[r], 1), _cause(mine, others), ratio))
                 continue
+            if ratio > 0 and self._got_worse(r, ratio, first):
+                ep.until_step, self.pending[r] = self.worse_rise[r] - 1, None
+                opened.append(self._open(r, mine, self.worse_rise[r], _cause(mine, others), ratio))
+                continue
             cause = _cause(mine, others) if ratio > math.exp(self.drift) else "calm"
             if cause == ep.cause:
                 self.pending[r] = None
@@ -153,8 +161,18 @@ class StragglerDetector:
                 opened.append(self._open(r, mine, p[1], cause, ratio))
         return opened
 
+    def _got_worse(self, r: int, ratio: float, first: int) -> bool:
+        """Whether rank ``r``'s open episode has grown by more than the drift for long enough to be a new fault."""
+        before = self.worse[r]
+        level = statistics.median(self.active[r].ratios)  # type: ignore[union-attr]
+        self.worse[r] = max(0.0, before + math.log(ratio / level) - self.drift)
+        if before == 0.0 and self.worse[r] > 0.0:
+            self.worse_rise[r] = first
+        return self.worse[r] > self.threshold
+
     def _open(self, rank: int, w: Window, since: int, cause: str, ratio: float) -> Episode:
         ep = Episode(rank, w.host, w.pid, since, w.step, round(ratio, 3), cause, ratios=[ratio])
+        self.worse[rank] = 0.0
         self.active[rank] = ep
         self.episodes.append(ep)
         return ep
