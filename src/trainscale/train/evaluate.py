@@ -1,4 +1,4 @@
-"""Distributed evaluation whose global loss and accuracy are exact for any eval-set size."""
+"""Distributed evaluation whose global loss and accuracy are exact for any eval-set size, and the run's evaluator."""
 
 from __future__ import annotations
 
@@ -10,7 +10,48 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["evaluate_batches", "shard_batches"]
+from ..config import Config
+from ..distributed import DistEnv
+from ..log import logger
+from ..strategies import Strategy
+from .guard import Guard
+
+__all__ = ["Evaluator", "evaluate_batches", "shard_batches"]
+
+
+class Evaluator:
+    """The run's evaluation (``Run.evaluate``): every rank its share of the data, on the whole model.
+
+    Keeps the last result for the run summary.
+
+    Example::
+
+        ev = Evaluator(cfg, env, guard)
+        metrics = ev.evaluate(strategy, val_set, step=100, ended=True)  # {"loss", "accuracy", "samples"}
+    """
+
+    def __init__(self, cfg: Config, env: DistEnv, guard: Guard):
+        self.cfg, self.env, self.guard = cfg, env, guard
+        self.result: tuple[float, float, int] = (float("nan"), float("nan"), 0)  # (loss, accuracy, samples)
+        self._warned = False  # local SGD's per-replica warning, once per run
+
+    @torch.no_grad()
+    def evaluate(self, st: Strategy, data: Any, loss_fn: Callable | None = None, batch_size: int | None = None,
+                 batches: Any = None, step: int = 0, ended: bool = False) -> dict[str, float]:
+        """Exact distributed evaluation of ``(input, target)`` batches at optimizer step ``step``."""
+        if st.averaging is not None and not ended and not self._warned:
+            self._warned = True
+            logger.warning("run.evaluate under local SGD before run.end_training(): each rank evaluates its own "
+                           "replica, not their average; call run.end_training() first for the model you keep")
+        self.guard.mark("evaluate", step)
+        env = self.env
+        if batches is None:
+            batches = shard_batches(data, batch_size or self.cfg.data.batch_size, env.rank, env.world_size,
+                                    env.device)
+        with st.whole_model():  # pipelined or FSDP: every rank evaluates its shard of the data on the whole model
+            loss, acc, n = evaluate_batches(st.module, batches, env.device, st.autocast, loss_fn)
+        self.result = (loss, acc, n)
+        return {"loss": loss, "accuracy": acc, "samples": n}
 
 
 @torch.no_grad()

@@ -1,0 +1,66 @@
+"""The run's shared state: where its loop stands, and what every step records. Holders, no logic.
+
+The run's components (the feed of batches, the stepper, the evaluator, the end) read and move these
+instead of calling back into the run, so none of them imports ``run.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .flops import FlopMeter
+from .instruments import StepMode
+from .instruments.losses import LossWindow
+from .logpoints import LogPoints
+
+__all__ = ["RunState", "Meters", "now_iso"]
+
+
+def now_iso() -> str:
+    """This moment in local time, to the second (the summary's ``started_at``)."""
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+@dataclass
+class RunState:
+    """Where the run stands: the counters that its batches, step, checkpoints and summary share.
+
+    Example::
+
+        state = RunState(total_steps=cfg.job.steps)
+        state.step_count += 1
+    """
+
+    total_steps: int  # optimizer steps the loop goes to
+    forced_steps: int | None = None  # job.steps set by the lab's TRAINSCALE_ARGS: wins over the script's steps
+    step_count: int = 0  # optimizer steps done
+    start_step: int = 0  # where this run resumed (0 on a fresh run)
+    micro: int = 0  # micro-batches of the current optimizer step taken so far
+    mode: StepMode = field(default_factory=StepMode)  # this step's experiment switches
+    fixed: Any = None  # the one batch kept on the device (ablate.data no_data)
+    synced: bool = False  # this step's gradients are exchanged (overlap off: once, by clip_gradients or step)
+    preempted: bool = False  # batches() stopped early on SIGTERM: save, then exit with EXIT_PREEMPTED
+    ended: bool = False  # end_training() ran
+    finished: bool = False  # finish() or the exit guard ran: the process groups are ended
+    started_at: str = field(default_factory=now_iso)
+
+    def last_micro(self, accum: int) -> bool:
+        """Whether the current micro-batch ends an optimizer step of ``accum`` micro-batches."""
+        return self.micro == accum - 1
+
+
+@dataclass
+class Meters:
+    """What every step feeds and the summary reads, built with the run: loss window, FLOP meter, log points.
+
+    Example::
+
+        meters = Meters(LossWindow(device, cfg.log.every), FlopMeter(device, cfg.strategy.amp), points)
+        meters.losses.add(loss)
+    """
+
+    losses: LossWindow
+    flops: FlopMeter  # model FLOPs and the device's peak, for MFU
+    points: LogPoints  # the progress line, metrics.jsonl and the tracker
