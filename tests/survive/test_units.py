@@ -46,6 +46,37 @@ def test_two_ranks_in_the_same_collective_with_other_ops_or_shapes_is_named_a_mi
                                                          "rank 1 all_reduce [[12]]; ")
 
 
+def test_a_shape_mismatch_one_rank_got_through_is_named_from_the_recent_collectives():
+    # Gloo: rank 1 gave 3 floats where rank 0 gave 4, got through #42 and waits in #43; rank 0 still waits in #42.
+    r0 = {"seq": 42, "op": "all_reduce", "sizes": [[4]], "recent": [[41, "all_reduce", [[85002]]],
+                                                                    [42, "all_reduce", [[4]]]]}
+    r1 = {"seq": 43, "op": "all_reduce", "sizes": [[85002]], "recent": [[41, "all_reduce", [[85002]]],
+                                                                        [42, "all_reduce", [[3]]],
+                                                                        [43, "all_reduce", [[85002]]]]}
+    assert mismatch({0: r0, 1: r1}) == "mismatched collective #42: rank 0 all_reduce [[4]], rank 1 all_reduce [[3]]"
+    same = {**r1, "recent": [[41, "all_reduce", [[85002]]], [42, "all_reduce", [[4]]]]}
+    assert mismatch({0: r0, 1: same}) == ""  # a rank ahead after the same collectives is not a mismatch
+
+
+def test_the_launcher_names_a_sigkilled_rank_not_the_peer_that_lost_its_connection():
+    from types import SimpleNamespace
+
+    from trainscale.distributed.launcher import _failure_text
+
+    def failure(code, msg=""):
+        return SimpleNamespace(exitcode=code, timestamp=100, message={"message": msg} if msg else "",
+                               error_file_data={"message": msg} if msg else {}, signal_name=lambda: "SIGKILL")
+
+    reset = "RuntimeError: Read error: Connection reset by peer"
+    err = SimpleNamespace(failures={0: failure(1, reset), 1: failure(-9)})
+    assert _failure_text(err) == "rank 1 failed: killed by SIGKILL"  # kill -9 on rank 1; rank 0 lost its peer
+    hung = "RankHung: rank 1 (pid 7 on h, ...) stopped making progress"
+    err = SimpleNamespace(failures={0: failure(3, hung), 1: failure(-9)})  # the watchdog killed the stopped rank
+    assert _failure_text(err) == f"rank 0 failed: {hung}"
+    err = SimpleNamespace(failures={0: failure(-15), 1: failure(1, reset)})
+    assert _failure_text(err) == f"rank 1 failed: {reset}"
+
+
 def test_preemption_agrees_on_one_step_past_every_rank():
     store = dist.HashStore()
     a, b = (Preemption(store, r, 2, lead=1) for r in (0, 1))

@@ -19,6 +19,7 @@ from typing import Any
 __all__ = ["BUFFER", "enable_flight_recorder", "newest_collective", "code_position", "describe", "mismatch"]
 
 BUFFER = 64  # collectives kept per process (a step of DDP issues one per bucket)
+RECENT = 8  # the newest collectives a stalled rank publishes: a rank that got through one the others did not
 _OURS = str(Path(__file__).resolve().parents[1])  # trainscale's package
 _STDLIB = os.path.dirname(os.__file__)
 
@@ -40,6 +41,13 @@ def newest_collective() -> dict[str, Any] | None:
     if not entries:
         return None
     e = max(entries, key=lambda x: x.get("record_id", 0))
+    group = [x for x in entries if x.get("process_group") == e.get("process_group")]  # seq ids count per group
+    recent = sorted(group, key=lambda x: x.get("record_id", 0))[-RECENT:]
+    return {**_entry(e), "recent": [[x.get("collective_seq_id"), _entry(x)["op"], x.get("input_sizes")]
+                                    for x in recent]}
+
+
+def _entry(e: dict[str, Any]) -> dict[str, Any]:
     return {"seq": e.get("collective_seq_id"), "op": str(e.get("profiling_name", "?")).split(":")[-1],
             "sizes": e.get("input_sizes")}
 
@@ -70,12 +78,21 @@ def describe(coll: dict[str, Any] | None) -> str:
 
 
 def mismatch(colls: dict[int, dict[str, Any] | None]) -> str:
-    """One line when two ranks are in the same collective by number but not the same op or shapes, else ''."""
+    """One line when two ranks entered the collective of the same number with another op or shapes, else ''.
+
+    Each rank's newest collective and, where published, its ``recent`` ones: on Gloo a rank can get through a
+    collective whose peer gave another shape and wait in the next one, while its peer still waits in the first.
+    """
     by_seq: dict[Any, list[tuple[int, dict[str, Any]]]] = {}
     for rank, c in sorted(colls.items()):
-        if c:
-            by_seq.setdefault(c["seq"], []).append((rank, c))
-    for seq, ranks in sorted(by_seq.items(), key=lambda kv: str(kv[0])):
+        if not c:
+            continue
+        mine = {c["seq"]: c}
+        for seq, op, sizes in c.get("recent") or []:
+            mine.setdefault(seq, {"seq": seq, "op": op, "sizes": sizes})
+        for seq, e in mine.items():
+            by_seq.setdefault(seq, []).append((rank, e))
+    for seq, ranks in sorted(by_seq.items(), key=lambda kv: (str(type(kv[0])), kv[0])):  # the oldest first
         if len({(c["op"], json.dumps(c["sizes"])) for _, c in ranks}) > 1:
             parts = ", ".join(f"rank {r} {c['op']} {c['sizes']}" for r, c in ranks)
             return f"mismatched collective #{seq}: {parts}"

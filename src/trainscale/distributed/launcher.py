@@ -12,6 +12,7 @@ import signal
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..config import ConfigError
 from .cluster import Cluster, resolve
@@ -214,11 +215,23 @@ def _expected_rows(spec: LaunchSpec, threads: int) -> list[dict]:
 
 
 def _failure_text(err: Exception) -> str:
-    """The root-cause rank and its error: the first to exit on its own, not those torchrun then stopped."""
+    """The root-cause rank and its error: the first to exit on its own, not those torchrun then stopped.
+
+    A watchdog's verdict (``RankHung``, which names the culprit it then killed) comes first; then a rank killed
+    by SIGKILL (``kill -9``, the OOM killer: torchrun sends SIGTERM first), whose peers fail on the lost
+    connection in the same instant; then exit codes; then other signals.
+    """
     failures = getattr(err, "failures", {}) or {}
     if not failures:
         return str(err)
-    rank, f = min(failures.items(), key=lambda kv: (kv[1].exitcode < 0, kv[1].timestamp, kv[0]))
+
+    def order(kv: tuple[int, Any]) -> tuple[int, Any, int]:
+        f = kv[1]
+        msg = f.message.get("message", "") if isinstance(f.message, dict) else ""
+        cls = 0 if "RankHung" in str(msg) else 1 if f.exitcode == -signal.SIGKILL else 2 if f.exitcode >= 0 else 3
+        return cls, f.timestamp, kv[0]
+
+    rank, f = min(failures.items(), key=order)
     msg = f.message.get("message", "") if isinstance(f.message, dict) else ""
     lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()] if f.error_file_data else []
     detail = lines[-1] if lines else (f"killed by {f.signal_name()}" if f.exitcode < 0 else
