@@ -101,7 +101,18 @@ def end_process_group(owned: bool = True, barrier: bool = False, threads: Iterab
         dist.barrier()
     if owned:
         dist.destroy_process_group()
-        _drop_dead_groups()
+        if not _all_ended():
+            _drop_dead_groups()
+
+
+def _all_ended() -> bool:
+    """Whether no group is left whose threads could race finalization: no Gloo worker alive, CUDA never used.
+
+    Then the collections that free forgotten groups (about 0.15 s each beside torch's heap) have nothing to do.
+    """
+    import torch
+
+    return gloo_threads() == 0 and not torch.cuda.is_initialized()
 
 
 def _drop_dead_groups() -> None:
@@ -167,6 +178,8 @@ def _at_interpreter_exit() -> None:
             _exit_callbacks.pop()()
         except Exception as e:  # the process is ending: say so, and end the groups anyway
             logger.warning(f"at exit: {type(e).__name__}: {e}")
+    if not (dist.is_available() and dist.is_initialized()) and _all_ended():
+        return  # every group was ended in order (finish()): nothing left to race the interpreter's end
     gc.collect()
     groups = _release_lingering_holders()  # while their groups are registered, as end_process_group does
     if dist.is_available() and dist.is_initialized():
