@@ -41,6 +41,13 @@ def test_a_rank_already_slow_that_gets_worse_is_named_again_from_the_new_onset()
     assert det.episodes[1].slowdown == pytest.approx(4.0, rel=1e-3)
 
 
+def test_the_first_windows_are_start_up_and_not_scored():
+    det = StragglerDetector(world=2, every=5)
+    feed(det, [[(0.010, 0.0, NAN)] * 4, [(0.030, 0.0, NAN)] * 4])  # rank 1 slow from the first step
+    [ep] = det.episodes
+    assert (ep.rank, ep.since_step, ep.detected_at_step) == (1, 11, 15)  # windows 1-2 (steps 1-10) skipped
+
+
 def test_the_cause_is_the_part_of_the_excess_that_dominates():
     fast = [(0.010, 0.001, 0.0)] * 6
     cases = {"data": (0.010, 0.020, 0.0), "cpu_contention": (0.030, 0.001, 0.018), "compute": (0.030, 0.001, 0.002),
