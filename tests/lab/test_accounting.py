@@ -43,6 +43,20 @@ def test_a_job_that_waits_for_input_at_every_scale_is_told_so():
     assert "--data.workers" in b["advice"] and b["apply_flags"] == {"data.workers": "2"}
 
 
+def test_the_exchanges_advice_is_sized_by_the_measured_bytes():
+    # 60% of the step in the exchange, 340 KB of gradients per step: latency-bound, so not compression (which
+    # cost 26% here on such a job) but fewer exchanges; the advice used to read "fp16 (0.0 MB ... now)".
+    ctx = {**CTX, "strategy_fields": ["compression", "local_sgd_period"]}
+    at_n = [part([rows(0.010, comm=0.006), rows(0.010, comm=0.006)])]
+    at_n[0]["comm_bytes_per_step"] = 340_000
+    b = bottleneck(at_n, [], 2, ctx)
+    assert b["name"] == "communication" and b["apply_flags"] == {"strategy.local_sgd_period": "4"}, b["advice"]
+    assert "340 KB per step is latency-bound" in b["advice"]
+    # Bytes not measured: no compression sized "0.0 MB".
+    del at_n[0]["comm_bytes_per_step"]
+    assert "compression" not in bottleneck(at_n, [], 2, ctx)["advice"]
+
+
 def test_the_last_rank_to_arrive_is_waited_for():
     # Rank 1 arrives 3 ms after rank 0 each step; rank 0 spends 3.5 ms of its exposed exchange waiting.
     shares, missing, info = step_shares([rows(0.010, comm=0.0035, arrival=0.0), rows(0.010, comm=0.0005, arrival=0.003)])

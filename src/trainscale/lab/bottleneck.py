@@ -147,6 +147,9 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     ``base_n``/``base_1``: the base phase's summary part of each repeat at N and at 1 process (with ``rank_steps``);
     ``no_data_*``: the same runs' no_data phase, whose saving bounds the input share from below.
     """
+    if base_n:  # what the exchange's advice is sized by, as the causes have it
+        ctx = {"calls": base_n[0].get("allreduce_calls_per_step"), "bytes": base_n[0].get("comm_bytes_per_step"),
+               **ctx}
     # The backend threads' wait for a core inside the exchange counts as contention only under an outside load.
     outside = outside_load(ctx)
     shares, unmeasured, info = _mean_shares(base_n, outside)
