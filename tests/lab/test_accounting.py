@@ -122,6 +122,26 @@ def test_contention_inside_many_small_all_reduces_brings_the_bucket_change():
     assert cpu["apply_flags"] == {} and "bucket" not in cpu["suggestion"]
 
 
+def test_under_an_outside_load_a_late_batch_of_a_descheduled_loader_is_contention():
+    # Beside a neighbour the measured wait (every thread's) is 5 ms: 4 ms hid in the exchange, 1 ms in batches
+    # that came late because the loader's thread waited for a core (the base runs wait 1 ms more for data).
+    ext = {"machine_cores": 2, "cores": 1.0, "top": [{"pid": 4242, "name": "sh", "cores": 1.0}]}
+    runs = phased(n_runq=0.005)
+    for p in runs[("base", 2)]:
+        p["rank_steps"] = [rows(0.015, wait=0.001, runq=0.0051, comm=0.004),
+                           rows(0.015, wait=0.001, runq=0.0001, comm=0.004)]
+        p.update(step_time_s=0.015, rank_step_time_s=[0.015, 0.015], samples_per_s=64 / 0.015,
+                 data_wait_frac=0.001 / 0.015)
+    c = {x["name"]: x for x in analyse(runs, 2, {**CTX, "external": ext}, replicates=60)["causes"]}
+    moved = {m["cause"]: m["s"] for m in c["cpu_contention"]["moved_from"]}
+    assert moved == pytest.approx({"communication": 0.004, "input": 0.001}, abs=1e-5)
+    assert c["input"]["seconds_per_step"] == pytest.approx(0.0, abs=1e-5)
+    # Without an outside load the wait measured is the training thread's, which no loader's lateness is: input stays.
+    c = {x["name"]: x for x in analyse(runs, 2, CTX, replicates=60)["causes"]}
+    assert [m["cause"] for m in c["cpu_contention"]["moved_from"]] == ["communication"]
+    assert c["input"]["seconds_per_step"] == pytest.approx(0.001, abs=1e-5)
+
+
 def test_without_contention_communication_keeps_its_time():
     res = analyse(phased(n_runq=0.0), 2, CTX, replicates=60)
     c = {x["name"]: x for x in res["causes"]}

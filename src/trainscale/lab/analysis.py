@@ -445,8 +445,8 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
 
     Each rank's main thread reports how long it was runnable but not running (schedstat); a synchronous step
     waits for its most descheduled rank (``stats.critical_runq``). What that wait grew by from 1 to N processes
-    is this cause. It is taken out of the causes it inflated (``CONTENDED``, in that order, never below zero) and
-    each move is written in both rows. Who took the CPU: the processes outside the job that the load monitor saw,
+    is this cause. It is taken out of the causes it inflated (``CONTENDED``, then input under an outside load, in
+    that order, never below zero) and each move is written in both rows. Who took the CPU: the processes outside the job that the load monitor saw,
     else the job's own threads when processes x threads + loader workers exceed the cores. Returns False (and
     adds nothing) when the runs have no run-queue column.
     """
@@ -461,9 +461,12 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     per_repeat = [b - a for a, b in zip(r1, rn)]
     by = {c["name"]: c for c in causes}
     moved: dict[str, list[float]] = {}
+    # Under an outside load the measured wait is every thread's, the loader's among them: a batch that came late
+    # because its loader thread waited for a core is that wait too (taken last, after what the ranks' waits hid in).
+    contended = (*CONTENDED, "input") if outside_load(ctx) else CONTENDED
     for i, v in enumerate(per_repeat):
         left = max(0.0, v)
-        for name in CONTENDED:
+        for name in contended:
             c = by.get(name)
             if c is None or i >= len(c["per_repeat_s"]):
                 continue
