@@ -188,8 +188,9 @@ def test_the_launcher_takes_nodes_from_the_scheduler_unless_given():
     spec, c = with_cluster(LaunchSpec("x.py", nproc_per_node=2), env)
     assert (spec.nnodes, spec.node_rank, spec.master_addr, spec.master_port, c.source) == ("4", 1, "node01", 24242,
                                                                                            "slurm")
-    assert spec.torchrun_argv()[:6] == ["--nproc-per-node=2", "--nnodes=4", "--max-restarts=0",
-                                        "--shutdown-timeout=30", "--node-rank=1", "--master-addr=node01"]
+    argv = [a for a in spec.torchrun_argv() if not a.startswith("--shutdown-timeout")]  # where torchrun has it
+    assert argv[:5] == ["--nproc-per-node=2", "--nnodes=4", "--max-restarts=0", "--node-rank=1", "--master-addr=node01"]
+    torchrun_accepts(spec.torchrun_argv())
     given = LaunchSpec("x.py", nproc_per_node=2, nnodes="2", node_rank=0, master_addr="h")
     spec, c = with_cluster(given, env)
     assert (spec.nnodes, spec.master_addr, c.source) == ("2", "h", "command line")
@@ -209,3 +210,16 @@ def test_launch_refuses_a_contradictory_slurm_environment_in_one_line(tmp_path):
     r = run_cli(["launch", "--nproc-per-node", "1", str(script)], timeout=60, env=env)
     assert r.rc == 2 and r.err.strip() == "trainscale launch: SLURM_PROCID = 5: must be below SLURM_NTASKS (2): " \
                                           "the variables contradict each other"
+
+
+def torchrun_accepts(argv: list[str]) -> None:
+    """torchrun's own parser takes every option we give it (torch 2.11's torchrun has no --shutdown-timeout)."""
+    from torch.distributed.run import get_args_parser
+
+    get_args_parser().parse_args([*argv, "x.py"])  # an unknown option exits with argparse's error
+
+
+def test_every_option_given_to_torchrun_is_one_this_torch_knows():
+    for spec in (LaunchSpec("x.py", nproc_per_node=2), LaunchSpec("x.py", nproc_per_node=2, rdzv_endpoint="h:29400"),
+                 LaunchSpec("x.py", nproc_per_node=2, nnodes="2", node_rank=1, master_addr="h")):
+        torchrun_accepts(spec.torchrun_argv())

@@ -6,6 +6,7 @@ its arguments, sets intra-op threads per rank, and prints the job's distributed 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -83,7 +84,9 @@ class LaunchSpec:
     def torchrun_argv(self) -> list[str]:
         """torchrun's options and the script (its arguments are attached after parsing, see ``launch``)."""
         argv = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}",
-                f"--max-restarts={self.max_restarts}", f"--shutdown-timeout={self.shutdown_timeout}"]
+                f"--max-restarts={self.max_restarts}"]
+        if _torchrun_has("--shutdown-timeout"):  # torch >= 2.12; older torchruns wait a fixed 30 s
+            argv.append(f"--shutdown-timeout={self.shutdown_timeout}")
         if self.rdzv_endpoint:
             argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
             argv += [f"--rdzv-conf={self.rdzv_conf}"] if self.rdzv_conf else []
@@ -237,3 +240,11 @@ def _failure_text(err: Exception) -> str:
     detail = lines[-1] if lines else (f"killed by {f.signal_name()}" if f.exitcode < 0 else
                                       f"exit code {f.exitcode} (its traceback is above)")
     return f"rank {rank} failed: {detail}"
+
+
+@functools.cache
+def _torchrun_has(option: str) -> bool:
+    """Whether this torch's torchrun accepts ``option``."""
+    from torch.distributed.run import get_args_parser
+
+    return any(option in a.option_strings for a in get_args_parser()._actions)
