@@ -172,3 +172,14 @@ def test_input_work_that_holds_the_step_counts_though_the_wait_is_short():
     assert b["name"] == "input" and b["share"] == pytest.approx(1 - 0.0047 / 0.031)
     assert b["input_waited_share"] < 0.05 and "interpreter lock" in b["evidence"]
     assert sum(b["shares"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("device, amp", [("cpu", "none"), ("cuda", "fp16")])
+def test_a_compute_bound_step_gets_advice_for_its_device_and_precision(device, amp):
+    # Seen on an H200: a GPU job already in fp16 autocast was told its step was "work on the CPU" and to use bf16.
+    base = [{**part([rows(0.02), rows(0.02)]), "device": device, "amp": amp}]
+    b = bottleneck(base, [], 2, CTX)
+    assert b["name"] == "compute"
+    assert f"own work on the {'GPU' if device == 'cuda' else 'CPU'}" in b["advice"]
+    assert ("--strategy.amp bf16" in b["advice"]) == (amp == "none")
+    assert "torch.compile" in b["advice"] and "--batch-size 64" in b["advice"]

@@ -149,7 +149,7 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     """
     if base_n:  # what the exchange's advice is sized by, as the causes have it
         ctx = {"calls": base_n[0].get("allreduce_calls_per_step"), "bytes": base_n[0].get("comm_bytes_per_step"),
-               **ctx}
+               "device": base_n[0].get("device"), "amp": base_n[0].get("amp"), **ctx}
     # The backend threads' wait for a core inside the exchange counts as contention only under an outside load.
     outside = outside_load(ctx)
     shares, unmeasured, info = _mean_shares(base_n, outside)
@@ -202,7 +202,14 @@ def _advice(name: str, shares: dict[str, float], info: dict[str, Any], n: int, c
         text, flags = suggest("straggler", {**ctx, "rank": rank})
         return (f"rank {rank} arrives last at {last[rank] / steps:.0%} of the steps and the others wait for it: "
                 f"{text}" if last else text, flags)
-    batch = 2 * int(ctx.get("batch_size", 32))
-    return (f"the step is the model's own work on the CPU ({shares['compute']:.0%}): the processes scale it; to "
-            f"make each step cheaper use bf16 autocast (--strategy.amp bf16), torch.compile, or amortise the "
-            f"per-step work over a larger per-device batch (--batch-size {batch})", {})
+    return _compute_advice(shares["compute"], ctx), {}
+
+
+def _compute_advice(share: float, ctx: dict[str, Any]) -> str:
+    """The step is the model's own work: how to make it cheaper on the device and precision the job ran with."""
+    device = "GPU" if ctx.get("device") == "cuda" else "CPU"
+    cheaper = ["torch.compile", f"a larger per-device batch (--batch-size {2 * int(ctx.get('batch_size', 32))})"]
+    if ctx.get("amp") in (None, "", "none"):  # already mixed precision: nothing to gain from asking again
+        cheaper.insert(0, "bf16 autocast (--strategy.amp bf16)")
+    return (f"the step is the model's own work on the {device} ({share:.0%}): the processes scale it; to make each "
+            f"step cheaper use {', '.join(cheaper[:-1])} or amortise the per-step work over {cheaper[-1]}")

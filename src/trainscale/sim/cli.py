@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG)
     a = p.add_argument
     a("--calibration", metavar="FILE", help="calibration JSON written by `trainscale plan calibrate`")
-    a("--gpu", help="target GPU from the catalogue (P40, P100, V100, A100, H100), or one given by its datasheet as "
+    a("--gpu", help="target GPU from the catalogue (P40, P100, V100, A100, H100, H200), or one given by its datasheet as "
                     "key=value pairs: name=H200,bf16=989T,fp8=1979T,mem=4.8TB/s (a peak per precision or flops=, and "
                     "mem=); none: this calibrated machine")
     a("--gpus-per-node", default="8", help="devices per node (default 8)")

@@ -58,12 +58,15 @@ def catalog_peak(device_name: str, precision: str) -> Peak | None:
 
 
 @cache
-def measured_peak(device_type: str, precision: str, n: int = 1024, budget_s: float = 0.25) -> float:
+def measured_peak(device_type: str, precision: str, n: int = 0, budget_s: float = 0.25) -> float:
     """The median FLOP/s of ``n x n`` matmuls at ``precision`` over about ``budget_s`` (cached per process).
 
-    The rank's own threads run it, so on a CPU shared by ranks each rank measures the share it trains on.
+    The rank's own threads run it, so on a CPU shared by ranks each rank measures the share it trains on. ``n``
+    0 sizes it to the device: 1024 on a CPU; 8192 on a GPU, where a 1024 product is over in microseconds and its
+    launch and sync would be timed instead (an H200 read 85 TFLOP/s at 1024, a tenth of its datasheet's).
     """
     device = torch.device(device_type)
+    n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device).to(_DTYPES[precision])
     b = torch.randn(n, n, device=device).to(_DTYPES[precision])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -73,7 +76,7 @@ def measured_peak(device_type: str, precision: str, n: int = 1024, budget_s: flo
     while time.perf_counter() < end or len(rates) < 3:
         sync()  # a sync point: the benchmark runs before the first step, never inside one
         t0 = time.perf_counter()
-        torch.mm(a, b)  # 2.1 GFLOP: 30-70 ms on one core of this repository's CPU host
+        torch.mm(a, b)  # n=1024: 2.1 GFLOP, 30-70 ms on one core of this repository's CPU host
         sync()
         rates.append(2 * n ** 3 / (time.perf_counter() - t0))
     # The median, not the best: one sample can read far too fast on a shared host (seen: 10x on this CPU).
