@@ -15,6 +15,7 @@ on 2 CPU processes.
     trainscale launch --nproc-per-node 2 examples/gpt.py
     trainscale launch --nproc-per-node 2 examples/gpt.py --compile
     trainscale doctor --nproc 2 -- python examples/gpt.py --eval-batches 4
+    trainscale doctor --nproc 2 -- python examples/gpt.py --eval-batches 4 --slow-input-ms 2   # a planted fault
     trainscale bench --nproc 1,2 -- python examples/gpt.py --eval-batches 4
 
 The run summary carries the model FLOPs per step and the MFU (``flops_per_step``, ``mfu``).
@@ -35,6 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import trainscale
+from trainscale.data.delay import with_sample_delay
 
 # ---------------------------------------------------------------- the text
 
@@ -212,12 +214,17 @@ def main() -> None:
     p.add_argument("--chars", type=int, default=200_000, help="characters of generated training text")
     p.add_argument("--sample", type=int, default=200, help="characters sampled at the end (0: none)")
     p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
+    p.add_argument("--slow-input-ms", type=float, default=0.0,
+                   help="planted fault for the doctor: a disk shared by this machine's processes, this slow per "
+                        "sequence read")
     args, config = p.parse_known_args()  # the rest: --section.field VALUE for the run
     for name in ("steps", "batch_size", "accum", "block", "layers", "heads", "width", "eval_batches", "chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
     if args.width % args.heads:
         p.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
+    if args.slow_input_ms < 0:
+        p.error(f"--slow-input-ms = {args.slow_input_ms}: must be >= 0")
     if args.compile:
         check_compiler()  # before any process group: a torch that cannot compile stops here, with one line
 
@@ -232,7 +239,8 @@ def main() -> None:
     run = trainscale.init(args=["--strategy.amp", amp, *config])  # the command line's own choice wins
     model = GPT(len(chars), args.block, args.layers, args.heads, args.width, args.dropout)
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-    loader = DataLoader(train, batch_size=args.batch_size * args.accum, shuffle=True)  # K micro-batches at once
+    data = with_sample_delay(train, args.slow_input_ms, scope="node")  # the dataset itself when no delay
+    loader = DataLoader(data, batch_size=args.batch_size * args.accum, shuffle=True)  # K micro-batches at once
     model, optimizer, loader = run.prepare(model, optimizer, loader)
     raw = model  # the prepared model: state_dict, eval, generate
     if args.compile:

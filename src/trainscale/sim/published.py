@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .fsdp import fsdp_step, transformer_units
+from .fsdp import FsdpTimes, fsdp_step, transformer_units
 from .overhead import fit_overhead, fitted_overhead, precision_class
 
-__all__ = ["Row", "efficiencies", "forecast_point", "fit_constants", "evaluate"]
+__all__ = ["Row", "efficiencies", "fsdp_times", "forecast_point", "fit_constants", "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def _ddp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
     return {p.world_size: p.efficiency for p in forecast(job, cluster, strategy, worlds)}
 
 
-def _fsdp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
-    """FSDP efficiency per world size (weak scaling: the same tokens per device), without the overhead."""
+def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
+    """One FSDP step of the setting ``m`` at ``world`` devices (weak scaling: the same tokens per device)."""
     from .forecast import Cluster
     from .hardware import gpu
 
@@ -69,16 +69,17 @@ def _fsdp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
     compute = m["tokens_per_step"] * per_token / m["mfu"]
     head_share = m["head_flops_per_token"] / linear_peak / per_token
     cluster = Cluster.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
-    out = {}
-    for w in worlds:
-        units = transformer_units(m["layers"], m["layer_params"], compute, head_share)
 
-        def half(n: float, w: int = w) -> float:  # a ring all-gather or reduce-scatter is half an all-reduce
-            return cluster.allreduce_s(n, w) / 2
+    def half(n: float) -> float:  # a ring all-gather or reduce-scatter is half an all-reduce
+        return cluster.allreduce_s(n, world) / 2
 
-        t = fsdp_step(units, half, half, m.get("gather_bytes", 2), m.get("reduce_bytes", 4), m["root_params"])
-        out[w] = t.compute_s / t.step_s
-    return out
+    units = transformer_units(m["layers"], m["layer_params"], compute, head_share)
+    return fsdp_step(units, half, half, m.get("gather_bytes", 2), m.get("reduce_bytes", 4), m["root_params"])
+
+
+def _fsdp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
+    """FSDP efficiency per world size, without the overhead."""
+    return {w: (t := fsdp_times(m, w)).compute_s / t.step_s for w in worlds}
 
 
 def efficiencies(m: dict[str, Any], worlds: list[int], kappa: float = 0.0) -> dict[int, float]:
