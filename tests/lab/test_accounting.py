@@ -183,3 +183,15 @@ def test_a_compute_bound_step_gets_advice_for_its_device_and_precision(device, a
     assert f"own work on the {'GPU' if device == 'cuda' else 'CPU'}" in b["advice"]
     assert ("--strategy.amp bf16" in b["advice"]) == (amp == "none")
     assert "torch.compile" in b["advice"] and "--batch-size 64" in b["advice"]
+
+
+def test_the_per_rank_chart_draws_each_phases_own_data_wait():
+    # A phase summary carries the whole run's rank_data_wait_s too (a median over every phase, ~0 when the
+    # no-data phases dominate); the chart must draw the base phase's own wait (seen on an H200: 79 ms drawn as 0).
+    from trainscale.lab.experiments import phase_parts
+    from trainscale.lab.ranks import rank_segments
+
+    base = part([rows(0.1, wait=0.06), rows(0.1, wait=0.03)])
+    run = {**part([rows(0.02), rows(0.02)]), "rank_data_wait_s": [1e-6, 1e-6], "phases": {"base": base}}
+    segs = rank_segments([phase_parts(run)["base"]])
+    assert [s["data wait"] for s in segs] == pytest.approx([0.06, 0.03])

@@ -23,12 +23,14 @@ SEGMENTS = ("data wait", "forward+backward", "waiting for the slowest rank", "re
 
 def _wait(s: dict[str, Any], rank: int) -> float:
     """Median data wait per step of ``rank`` in one run (or phase) summary."""
-    waits = s.get("rank_data_wait_s")
-    if waits and rank < len(waits):
-        return waits[rank]
+    # A phase's own rows first: a phase summary carries the whole run's ``rank_data_wait_s`` too, a median over
+    # every phase (seen on an H200: a 79 ms wait in the base phase drawn as none, the no-data phases' median).
     rows = s.get("rank_steps") or []
     if rank < len(rows) and rows[rank]:
         return median(r[3] for r in rows[rank])
+    waits = s.get("rank_data_wait_s")
+    if waits and rank < len(waits):
+        return waits[rank]
     return float(s.get("data_wait_frac") or 0.0) * s["step_time_s"]
 
 
