@@ -98,6 +98,7 @@ class Run:
     wall_s: float = 0.0
     timed_out: bool = False
     left: int = 0
+    outside_cores: float = 0.0  # CPU the machine spent outside the job while it ran, in cores
     verdict: str = ""  # right / wrong / unknown / missed / clean / false_alarm
 
 
@@ -113,7 +114,7 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(r.nproc), str(JOB),
                "--steps", str(STEPS), "--log.straggler_every", str(EVERY), "--job.timeout_s", str(TIMEOUT_S),
                "--log.progress", "none", "--log.metrics", "false", "--data.eval_size", "0", *extra]
-        t0 = time.monotonic()
+        t0, cpu0, own0 = time.monotonic(), _busy_s(), _own_cpu_s()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True, cwd=d)
         lines: list[tuple[float, str]] = []
@@ -135,9 +136,26 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
             r.left = end_all(p, seen)
         reader.join(timeout=5)
         r.rc, r.wall_s = p.returncode, round(time.monotonic() - t0, 2)
+        # The job's CPU is its waited-for processes' (the launcher waits for its ranks): the rest of the machine's
+        # busy time is other work, which slows ranks in ways no fault planted here explains.
+        r.outside_cores = round(max(0.0, (_busy_s() - cpu0) - (_own_cpu_s() - own0)) / max(r.wall_s, 1e-9), 2)
         onset = float(Path(f"{d}/onset").read_text()) if Path(f"{d}/onset").exists() else None
         summary = json.loads(Path(f"{d}/s.json").read_text()) if Path(f"{d}/s.json").exists() else None
         judge(r, lines, onset, summary)
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, neither idle nor waiting for I/O)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that ended and were waited for (the job, once it ended)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def end_all(p: subprocess.Popen, seen: set[Any]) -> int:
@@ -372,7 +390,7 @@ def main() -> None:
         "other_rank_episodes": sum(r.other for r in injected), "wrong": sum(r.verdict == "wrong" for r in injected),
         "false_alarm_rate": sum(r.verdict == "false_alarm" for r in clean) / len(clean) if clean else None,
         "false_alarms": [f"{r.said or 'report'} rank {r.said_rank} from step {r.episodes[0]['since_step'] if r.episodes else '?'}"
-                         for r in clean if r.verdict == "false_alarm"],
+                         f" (outside load {r.outside_cores} cores)" for r in clean if r.verdict == "false_alarm"],
         "median_detection_steps": median([r.detection_steps for r in slow]),
         "median_detection_s": median([r.detection_s for r in slow]),
         "median_hang_report_s": median([r.detection_s for r in hangs]),
