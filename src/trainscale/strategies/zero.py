@@ -23,13 +23,13 @@ def apply_zero(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The same optimizer (class and settings), its state sharded across ranks; each rank updates its shard."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    if len(opt.param_groups) != 1:
-        raise ValueError("apply_zero expects an optimizer with one parameter group")
-    # Only the settings the class's constructor takes: torch 2.13's AdamW lists ``decoupled_weight_decay`` in its
+    # Every parameter group with its own settings (nanoGPT's AdamW: decay and no-decay groups); ZeRO partitions
+    # each group's parameters across ranks. Only the settings the class's constructor takes: torch 2.13's AdamW lists ``decoupled_weight_decay`` in its
     # defaults but does not accept it back.
     accepted = inspect.signature(type(opt).__init__).parameters
     kw = {k: v for k, v in opt.defaults.items() if k in accepted}
-    return ZeroRedundancyOptimizer(opt.param_groups[0]["params"], optimizer_class=type(opt), **kw)
+    groups = [dict(g) for g in opt.param_groups]
+    return ZeroRedundancyOptimizer(groups if len(groups) > 1 else groups[0]["params"], optimizer_class=type(opt), **kw)
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
