@@ -84,6 +84,18 @@ def test_a_loss_that_is_not_a_scalar_is_one_clear_line(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_bad_input_met_in_prepare_is_one_line_not_a_traceback_per_rank(tmp_path):
+    # strategy.fsdp_modules naming no module of the user's model: refused in prepare, on every rank.
+    script = tmp_path / "bad_units.py"
+    script.write_text(BAD_LOSS)
+    r = launch(script, overrides=["--strategy.fsdp", "true", "--strategy.fsdp_modules", "Block"], timeout=100)
+    assert r.rc != 0
+    line = "trainscale: strategy.fsdp_modules = 'Block': no module of class or name 'Block'"
+    assert r.err.count(line) == 1 and "Traceback" not in r.err, r.err[-2000:]
+    assert "failed: ConfigError: strategy.fsdp_modules = 'Block'" in r.err  # the launcher names the rank and line
+
+
+@pytest.mark.timeout(120)
 def test_trainscale_train_runs_a_users_regression_data_and_loss(tmp_path):
     out = tmp_path / "s.json"
     r = run_cli(["train", "--data.name", "user_jobs:regression", "--model.name", "user_jobs:linear",

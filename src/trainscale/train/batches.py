@@ -16,6 +16,7 @@ from .errors import RunError
 from .guard import Guard
 from .instruments import Instruments
 from .loading import is_ready_loader, make_loader
+from .sources import BatchSource, is_batch_source
 from .state import Meters, RunState
 
 __all__ = ["Feed"]
@@ -49,11 +50,16 @@ class Feed:
             return self.env.rank, self.env.world_size
         return self.strategy.data_shard(self.env.rank, self.env.world_size)
 
-    def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
-        """trainscale's loader over ``data`` (Dataset or DataLoader): this rank's shard, prefetched to the device."""
+    def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader | BatchSource:
+        """The run's loader over ``data``: a Dataset or DataLoader sharded over the ranks and prefetched to the
+        device, or a user's batch function or iterable (``BatchSource``: this rank's batches as they come)."""
         shard = self.shard()
-        loader = data if is_ready_loader(data) else make_loader(self.cfg, data, info, self.env.device, shard,
-                                                                self.env.is_main)
+        if is_ready_loader(data):
+            loader = data
+        elif is_batch_source(data):  # the user's function or iterable gives this rank's batches: no sharding
+            loader = BatchSource(data, self.env.device)
+        else:
+            loader = make_loader(self.cfg, data, info, self.env.device, shard, self.env.is_main)
         if loader not in self.loaders:
             self.loaders.append(loader)
             bs = getattr(loader, "batch_size", None) or self.cfg.data.batch_size

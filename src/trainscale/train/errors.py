@@ -1,7 +1,40 @@
-"""The run API's error: it was used in a way that cannot work."""
+"""The run API's error (it was used in a way that cannot work), and how a user's script reports it: one line."""
 
-__all__ = ["RunError"]
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+
+__all__ = ["RunError", "report_bad_input_in_one_line"]
 
 
 class RunError(ValueError):
     """The run API was used in a way it cannot work (one line that says what to change)."""
+
+
+def report_bad_input_in_one_line() -> None:
+    """Make a ``RunError`` or ``ConfigError`` that ends a user's script one line, not a traceback per rank.
+
+    The first rank prints ``trainscale: <what was wrong>``; every rank records it in torchrun's error file, so
+    ``trainscale launch`` names the rank and the line. Any other exception keeps Python's traceback.
+    """
+    from ..config import ConfigError
+
+    previous = sys.excepthook
+    if getattr(previous, "trainscale", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(value, (RunError, ConfigError)):
+            previous(kind, value, tb)
+            return
+        if os.environ.get("RANK", "0") == "0":
+            print(f"trainscale: {value}", file=sys.stderr, flush=True)
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(value)
+
+    hook.trainscale = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

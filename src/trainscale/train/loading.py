@@ -38,7 +38,8 @@ def make_loader(cfg: Config, data: Any, info: DataInfo | None, device: torch.dev
               "shuffle": not isinstance(data.sampler, SequentialSampler)}
         data = data.dataset
     if not isinstance(data, Dataset) and not hasattr(data, "__getitem__"):
-        raise RunError(f"run.prepare/batches: data must be a Dataset or DataLoader, not {type(data).__name__}")
+        raise RunError(f"run.prepare/batches: data must be a Dataset, a DataLoader, a function returning a batch or "
+                       f"an iterable of batches, not {type(data).__name__}")
     data = with_sample_delay(data, d.sample_delay_ms, d.sample_delay_scope)  # the slow-disk experiment
     if info is not None:
         dcfg = apply_overrides(cfg, {"data.batch_size": kw["batch_size"]}).data

@@ -34,7 +34,7 @@ from ..strategies import Strategy, apply_strategy, apply_zero
 from . import ending, reduce
 from .batches import Feed
 from .checkpointer import Checkpointer
-from .errors import RunError
+from .errors import RunError, report_bad_input_in_one_line
 from .evaluate import Evaluator
 from .flops import FlopMeter
 from .guard import Guard
@@ -42,6 +42,7 @@ from .instruments import Instruments
 from .instruments.losses import LossWindow
 from .logpoints import LogPoints
 from .prepared import PreparedModel
+from .sources import BatchSource
 from .startup import announce, build_instruments, seed_rank
 from .state import Meters, RunState
 from .stepper import Stepper
@@ -69,6 +70,7 @@ def init(cfg: Config | None = None, args: list[str] | None = None, json_path: st
             run.step()
         run.finish()
     """
+    report_bad_input_in_one_line()  # a RunError or ConfigError that ends the script: one line, not a traceback
     lab = shlex.split(os.environ.get(ENV_ARGS, ""))
     values = {**parse_override_args(list(args or [])), **parse_override_args(lab)}
     cfg = apply_overrides(cfg or Config(), values) if values else (cfg or Config())
@@ -152,7 +154,9 @@ class Run:
         ``optimizer`` must be built on ``model``'s parameters (they stay the same objects); under
         ``strategy.shard_optimizer`` it comes back as a ZeroRedundancyOptimizer. ``data`` is a Dataset or
         a DataLoader (its batch size, workers and collate_fn are kept; its sampler is replaced by one
-        that shards the data across ranks). ``data_info``: built-in image data, normalised on the device.
+        that shards the data across ranks), or a source of this rank's batches as the user shards or seeds them:
+        a function returning a batch (nanoGPT's ``get_batch``), an ``IterableDataset`` or a DataLoader over
+        one, an iterator. ``data_info``: built-in image data, normalised on the device.
         ``layers``: for a pipeline, the names of the submodules whose sequential composition is the model's
         forward (not needed for an ``nn.Sequential`` or the registry's models).
         """
@@ -175,16 +179,22 @@ class Run:
         st.memory.reset()  # the peak memory of training: model, shards and optimizer exist from here
         return self.stepper.model, optimizer, loader
 
-    def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader:
-        """trainscale's loader over ``data`` (Dataset or DataLoader): this rank's shard, prefetched to the device."""
+    def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader | BatchSource:
+        """The run's loader over ``data`` (see ``prepare``): this rank's shard or this rank's batches, on the device."""
         return self.feed.loader(data, info)
 
     # ------------------------------------------------------------------ the loop
     def batches(self, loader: Any, steps: int | None = None) -> Iterator[Any]:
         """Device batches for ``steps`` optimizer steps (x ``strategy.grad_accum`` micro-batches each).
 
-        ``steps`` None: one epoch of this rank's shard (``job.steps`` when the lab sets it). The time
-        spent waiting here is the step's data wait.
+        ``steps`` None: one epoch of this rank's shard (``job.steps`` when the lab sets it); a batch function
+        or an iterable without a length needs ``steps``. The time spent waiting here is the step's data wait.
+
+        Example::
+
+            for x, y in run.batches(get_batch, steps=5000):   # a function: each call returns this rank's batch
+                run.backward(loss_fn(model(x), y))
+                run.step()
         """
         stepper = self._need_prepared("batches")  # a generator: checked at the first batch, as before
         yield from self.feed.batches(loader, steps, stepper.strategy, stepper.instruments)
