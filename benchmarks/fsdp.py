@@ -15,16 +15,27 @@ threshold fixed (``MALLOC_MMAP_THRESHOLD_``: a freed large tensor goes back to t
 set follows the live tensors. ``memory_ratio`` comes from those runs, ``step_ratio`` from the default ones (fixing
 the threshold costs page faults on every large allocation); ``memory_ratio_default_malloc`` is the first kind's.
 
-Run: python benchmarks/fsdp.py [--rounds 3 --steps 16 --width 2048 --depth 4]
+``--job gpt`` runs ``examples/gpt.py`` instead (the run API, its own accumulation with ``run.no_sync()``, clipping,
+fp32 here: ``--strategy.amp none``), at ``--gpt-layers`` x ``--gpt-width``, context 128, with and without
+``--strategy.fsdp true``.
+
+Run: python benchmarks/fsdp.py [--job mlp|gpt] [--rounds 3 --steps 16 --width 2048 --depth 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from _common import emit, launch_runs, spread
+
+GPT = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
 
 _THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
 
@@ -34,7 +45,7 @@ def run_once(name: str, args: list[str], fixed_threshold: bool) -> dict:
     if fixed_threshold:
         os.environ[_THRESHOLD] = str(128 * 1024)  # glibc's initial threshold, kept from rising
     try:
-        s = launch_runs(2, [(name, args)])[name]
+        s = launch_gpt(args) if args[:1] == ["gpt"] else launch_runs(2, [(name, args)])[name]
     finally:
         os.environ.pop(_THRESHOLD, None)
     f = s.get("fsdp") or {}
@@ -46,16 +57,35 @@ def run_once(name: str, args: list[str], fixed_threshold: bool) -> dict:
     return s
 
 
+def launch_gpt(args: list[str]) -> dict:
+    """``examples/gpt.py`` on 2 launched processes (``args``: "gpt", then its arguments); its run summary."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "TRAINSCALE_JSON": f"{d}/s.json"}
+        p = subprocess.run([sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", "2", str(GPT), *args[1:]],
+                           env=env, capture_output=True, text=True, timeout=1200)
+        if p.returncode != 0:
+            raise SystemExit(f"examples/gpt.py failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        return json.loads(Path(d, "s.json").read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--job", choices=("mlp", "gpt"), default="mlp")
+    ap.add_argument("--gpt-layers", type=int, default=4)
+    ap.add_argument("--gpt-width", type=int, default=256)
     a = ap.parse_args()
-    job = ["--model.name", "mlp", "--model.width", str(a.width), "--model.depth", str(a.depth), "--data.name",
-           "digits", "--data.eval_size", "0", "--data.batch_size", "32", "--optim.name", "adamw",
-           "--optim.lr", "0.001", "--job.steps", str(a.steps), "--log.skip_first", "5"]
+    if a.job == "gpt":
+        job = ["gpt", "--steps", str(a.steps), "--layers", str(a.gpt_layers), "--width", str(a.gpt_width), "--heads",
+               "4", "--block", "128", "--sample", "0", "--eval-batches", "2", "--strategy.amp", "none",
+               "--log.progress", "none", "--log.skip_first", "5"]
+    else:
+        job = ["--model.name", "mlp", "--model.width", str(a.width), "--model.depth", str(a.depth), "--data.name",
+               "digits", "--data.eval_size", "0", "--data.batch_size", "32", "--optim.name", "adamw",
+               "--optim.lr", "0.001", "--job.steps", str(a.steps), "--log.skip_first", "5"]
     variants = {"ddp": [], "fsdp": ["--strategy.fsdp", "true"]}
     step: dict[str, list[float]] = {k: [] for k in variants}
     peak: dict[str, list[float]] = {k: [] for k in variants}  # default malloc
@@ -77,7 +107,9 @@ def main() -> None:
           "memory_ratio_default_malloc": statistics.median(rss),
           "ddp_step_s": statistics.median(step["ddp"]), "fsdp_step_s": statistics.median(step["fsdp"]),
           "ddp_peak_bytes": statistics.median(live["ddp"]), "fsdp_peak_bytes": statistics.median(live["fsdp"]),
-          "memory_measure": measure, "rounds": a.rounds, "steps": a.steps, "width": a.width, "depth": a.depth})
+          "memory_measure": measure, "rounds": a.rounds, "steps": a.steps, "job": a.job,
+          **({"gpt_layers": a.gpt_layers, "gpt_width": a.gpt_width} if a.job == "gpt" else
+             {"width": a.width, "depth": a.depth})})
 
 
 if __name__ == "__main__":
