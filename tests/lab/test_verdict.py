@@ -93,3 +93,14 @@ def test_report_tables_align_text_left_and_numbers_right(tmp_path):
     assert "|:--|--:|--:|:--|" in md
     page = render_html("t", blocks, tmp_path)
     assert "<td>input</td><td class=\"num\">+3.20</td>" in page and "<td>data wait 2% of the step</td>" in page
+
+
+def test_a_clear_cause_of_a_superlinear_job_has_no_nan_share():
+    # The slow-collate case scales superlinearly (efficiency 1.27): a clear cause has no loss to take a share of.
+    from trainscale.lab.doctor_report import _scaling_headline
+
+    top = {"name": "communication", "significant": True, "seconds_per_step": 0.00326, "share": float("nan"),
+           "interval_s": [0.0026, 0.00457], "verdict": "clear", "evidence": "1 all-reduce call(s) per step",
+           "apply_flags": {}, "suggestion": "send less"}
+    line = _scaling_headline({"causes": [top], "efficiency": 1.27, "scaling_loss_s": -0.004})[0][1]
+    assert "nan" not in line and "with no scaling loss to share (efficiency 127%)" in line

@@ -174,8 +174,11 @@ def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
                            " Nothing to change for scaling."))]
     else:
         name = top["name"] + (f" (rank {top['rank']})" if top["name"] == "straggler" else "")
-        blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, "
-                        f"{top['share']:.0%} of the scaling loss (90% interval {_interval_ms(top)} ms), "
+        # No loss (a job that scales superlinearly) leaves nothing to take a share of: say so, never "nan%".
+        share = (f"{top['share']:.0%} of the scaling loss" if math.isfinite(top["share"]) else
+                 f"with no scaling loss to share (efficiency {doc['efficiency']:.0%})")
+        blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, {share} "
+                        f"(90% interval {_interval_ms(top)} ms), "
                         f"{top['verdict']}. {top['evidence']}."),
                   ("p", "Change:" if top["apply_flags"] else "What to do:"), ("pre", _change(doc, top))]
     return blocks
