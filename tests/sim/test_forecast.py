@@ -120,3 +120,25 @@ def test_horovod_setting_within_ten_points():
         job = Job(name, m["params"], batch, batch / ips, batch / ips, tensor_bytes=tb, tensor_costs=costs)
         p = forecast(job, cluster, Strategy(bucket_mb=64), [512])[0]
         assert abs(p.efficiency - published) <= 0.10, (name, p.efficiency)
+
+
+def test_fsdp_forecast_sends_one_and_a_half_all_reduces_and_hides_them_behind_compute():
+    # 8 equal units of 100 MB of fp32 parameters; all-gathers and reduce-scatters on one 10 GB/s-class link.
+    cluster = Cluster.from_catalog("H100", 8, "nvlink4", "100gbe")
+    job = Job("j", params=200_000_000, batch_size=8, step_s=0.5, compute_s=0.5, tensor_bytes=[1e8] * 8)
+    ddp, fsdp = (forecast(job, cluster, Strategy(fsdp_units=u), [1, 16]) for u in (0, 8))
+    assert fsdp[0].step_time_s == pytest.approx(ddp[0].step_time_s)  # one device: nothing to gather
+    # Two gathers and one reduce-scatter per unit (fp32): 1.5 all-reduces of the whole model.
+    allreduce = cluster.allreduce_s(8e8, 16)
+    assert fsdp[1].comm_total_s == pytest.approx(1.5 * allreduce, rel=0.05)
+    assert 0 < fsdp[1].comm_exposed_s < fsdp[1].comm_total_s  # prefetch hides most of it behind the units' compute
+    assert fsdp[1].strategy == "FSDP, 8 units"
+
+
+def test_fsdp_is_forecast_on_its_own():
+    from trainscale.sim.cli import main
+
+    with pytest.raises(ConfigError) as e:  # the command line prints it as one line and exits 2
+        main(["--params", "25M", "--samples-per-s-1", "100", "--batch-size", "8", "--gpu", "H100",
+              "--fsdp-units", "4", "--zero1"])
+    assert str(e.value) == "--fsdp-units = 4: FSDP is forecast on its own, not with --zero1"

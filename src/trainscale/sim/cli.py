@@ -111,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-stages", type=int, default=1)
     g.add_argument("--microbatches", type=int, default=8)
     g.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V")
+    g.add_argument("--fsdp-units", type=int, default=0, metavar="N",
+                   help="forecast FSDP (strategy.fsdp) with N equal units, e.g. the model's blocks, instead of DDP: "
+                        "each unit all-gathered before its forward and backward and reduce-scattered after it, "
+                        "one unit of prefetch")
     return p
 
 
@@ -138,8 +142,17 @@ def _strategy(a: argparse.Namespace) -> Any:
 
     if a.bucket_mb < 0:
         raise ConfigError("--bucket-mb", a.bucket_mb, "must be >= 0 (0: one all-reduce per tensor)")
+    if a.fsdp_units < 0:
+        raise ConfigError("--fsdp-units", a.fsdp_units, "must be >= 1 (the units FSDP shards), or 0 for DDP")
+    if a.fsdp_units:
+        others = {"--hierarchical": a.hierarchical, "--compression": a.compression != "none",
+                  "--local-sgd": a.local_sgd, "--zero1": a.zero1, "--ps-mode": a.ps_mode,
+                  "--pipeline-stages": a.pipeline_stages > 1, "--no-overlap": a.no_overlap, "--compare": a.compare}
+        clash = [k for k, on in others.items() if on]
+        if clash:
+            raise ConfigError("--fsdp-units", a.fsdp_units, f"FSDP is forecast on its own, not with {', '.join(clash)}")
     return Strategy(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
-                    a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule)
+                    a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units)
 
 
 def _worlds(a: argparse.Namespace) -> list[int]:
@@ -302,7 +315,8 @@ def main(argv: list[str]) -> int:
     files = write_plan(Path(a.out), doc, points, notes, compare)
     if a.json:
         write_json(Path(a.json), doc)
-    print_plan(points, target.title, notes, [*files, *([a.json] if a.json else [])])
+    title = target.title + (f", {strategy.label()}" if strategy.fsdp_units else "")
+    print_plan(points, title, notes, [*files, *([a.json] if a.json else [])])
     return 0
 
 

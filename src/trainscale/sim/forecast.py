@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import ConfigError
 from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
+from .fsdp import fsdp_step, transformer_units
 from .hardware import Link, catalog, link
 from .host import shared_step_s, slowdown_at, thread_slowdown
 from .order_stats import expected_max_normal, predicted_update_time, sigma_from_spread
@@ -181,11 +182,14 @@ class Strategy:
     pipeline_stages: int = 1
     microbatches: int = 8
     schedule: str = "1f1b"
+    fsdp_units: int = 0              # FSDP (ZeRO-3) with this many equal units (blocks); 0: data parallel
 
     def label(self) -> str:
         """Short name of this strategy for tables."""
         if self.ps_mode:
             return f"ps {self.ps_mode}" + (f" K={self.ps_k or 'P/2'}" if self.ps_mode.startswith("k-") else "")
+        if self.fsdp_units:
+            return f"FSDP, {self.fsdp_units} units"
         parts = [f"bucket {self.bucket_mb:g} MB" if self.bucket_mb else "no fusion"]
         if not self.overlap:
             parts.append("no overlap")
@@ -306,6 +310,8 @@ def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float
     def t_of(nbytes: float) -> float:
         return cluster.allreduce_s(nbytes * ratio, dp, s.algo, s.hierarchical)
 
+    if s.fsdp_units:
+        return _fsdp_exchange(cluster, s.fsdp_units, sum(tensor_bytes), dp, backward / base.backward_share, backward)
     buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
     exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, base.tensor_costs), t_of,
                                   backward, s.overlap)
@@ -321,6 +327,24 @@ def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float
         gather = t_of(sum(tensor_bytes)) / 2  # all-gather of the updated shards after the step
         exposed, total = exposed + gather, total + gather
     return exposed, total, comm_cpu
+
+
+def _fsdp_exchange(cluster: Cluster, units: int, grad_bytes: float, dp: int, compute: float,
+                   backward: float) -> tuple[float, float, float]:
+    """FSDP over ``dp`` ranks: each of ``units`` equal blocks all-gathered before its forward and its backward and
+    reduce-scattered after it, one block of prefetch (``sim/fsdp.py``); fp32 gathers and reductions (4 bytes per
+    parameter, trainscale's ``strategy.fsdp`` default). (exposed, total, CPU seconds in the exchange.)"""
+    if dp <= 1:
+        return 0.0, 0.0, 0.0
+    params = grad_bytes / 4
+
+    def half(n: float) -> float:  # a ring all-gather or reduce-scatter moves half an all-reduce
+        return cluster.allreduce_s(n, dp) / 2
+
+    blocks = transformer_units(units, params / units, compute, backward_share=backward / compute if compute else 2 / 3)
+    t = fsdp_step(blocks, half, half, gather_bytes=4.0, reduce_bytes=4.0)
+    cpu = 3 * cluster.comm_cpu_s(grad_bytes, dp) / 2  # two gathers and one reduce-scatter: 1.5 all-reduces
+    return t.exposed_s, t.comm_s, cpu
 
 
 def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, busy_s: float,
