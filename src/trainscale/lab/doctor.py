@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..config import PHASES, ConfigError, config_to_dict
+from ..config import PHASES, ConfigError, apply_overrides, config_to_dict
 from ..jobs import RunFailed, check_train_args, split_script
 from ..reporting import write_json
 from ..reporting.console import console, err_console
@@ -105,6 +105,8 @@ def main(argv: list[str]) -> int:
     args, rest = _parser().parse_known_args(argv)
     _check(args)
     cfg = check_train_args(rest)
+    if cfg.strategy.fsdp:  # refused before any run, with the line a script's phased run would end with
+        apply_overrides(cfg, {"ablate.phases": ",".join(PHASES)})
     if cfg.strategy.pipeline_stages > 1:
         return _pipeline_doctor(args, rest, script, cfg)
     n = args.nproc
