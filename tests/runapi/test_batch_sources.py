@@ -40,3 +40,25 @@ def test_a_batch_function_without_a_step_count_is_one_clear_line(tmp_path):
     assert r.rc != 0
     assert "run.batches over a batch function needs steps=N: it has no epoch to end" in r.err
     assert "Traceback" not in r.err  # bad input: one line, not a traceback per rank
+
+
+def test_an_iterable_resumes_where_its_pass_stood_and_an_iterator_that_ends_is_one_line():
+    from torch.utils.data import IterableDataset
+
+    from trainscale.train.errors import RunError
+    from trainscale.train.sources import BatchSource
+
+    class Three(IterableDataset):
+        def __iter__(self):
+            return (torch.full((2,), float(i)) for i in range(3))
+
+    cpu = torch.device("cpu")
+    first = BatchSource(Three(), cpu)
+    assert [next(first)[0].item() for _ in range(5)] == [0, 1, 2, 0, 1]  # a new pass after each end
+    resumed = BatchSource(Three(), cpu)
+    resumed.load_state_dict(first.state_dict())
+    assert [next(resumed)[0].item() for _ in range(3)] == [2, 0, 1]  # what the first source would have given
+    once = BatchSource(iter([torch.ones(2)] * 2), cpu)
+    next(once), next(once)
+    with pytest.raises(RunError, match="the batch iterator ran out"):
+        next(once)

@@ -55,6 +55,7 @@ class BatchSource:
         self.one_shot = hasattr(source, "__next__")  # an iterator or a generator: it cannot start again
         self._it: Iterator[Any] | None = None
         self.taken, self._skip = 0, 0
+        self._in_pass = 0  # batches drawn from the iterable since it last started
         self.skipped = 0  # the run summary's unreadable-sample count: a user's source reports none
         self._busy_s, self._samples = 0.0, 0
         self._peeked = [self._draw()]  # the first batch sets the batch size the summary's global batch counts
@@ -84,13 +85,15 @@ class BatchSource:
         for _ in range(2):  # at most one restart per batch: an empty iterable must not spin
             if self._it is None:
                 self._it = iter(self.iterable)  # type: ignore[arg-type]
-                for _ in range(self._skip):  # a resumed run: the batches taken before the checkpoint
-                    next(self._it)
-                self._skip = 0
+                for _ in range(self._skip):  # a resumed run: the batches of this pass taken before the checkpoint
+                    next(self._it, None)
+                self._in_pass, self._skip = self._skip, 0
             try:
-                return next(self._it)
+                batch = next(self._it)
+                self._in_pass += 1
+                return batch
             except StopIteration:
-                self._it = None
+                self._it, self._in_pass = None, 0
                 if self.one_shot:
                     raise RunError("run.batches: the batch iterator ran out; pass a re-iterable "
                                    "(an IterableDataset or a DataLoader) or fewer steps") from None
@@ -109,13 +112,14 @@ class BatchSource:
         return self._samples / self._busy_s if self._busy_s > 0 else float("nan")
 
     def state_dict(self) -> dict[str, int]:
-        return {"taken": self.taken}
+        """Batches taken, and how far into the iterable's current pass (a batch drawn ahead is not taken)."""
+        return {"taken": self.taken, "in_pass": max(0, self._in_pass - len(self._peeked))}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume after ``taken`` batches: an iterable skips them when it starts again; a function goes on."""
+        """Resume: an iterable starts its pass again and skips what was taken of it; a function goes on."""
         self.taken = int(state.get("taken", 0))
         if self.iterable is not None and not self.one_shot:
-            self._it, self._peeked, self._skip = None, [], self.taken
+            self._it, self._peeked, self._skip = None, [], int(state.get("in_pass", 0))
 
     def close(self) -> None:
         self._it = None
