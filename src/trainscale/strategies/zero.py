@@ -24,8 +24,8 @@ def apply_zero(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     # Every parameter group with its own settings (nanoGPT's AdamW: decay and no-decay groups); ZeRO partitions
-    # each group's parameters across ranks. Only the settings the class's constructor takes: torch 2.13's AdamW lists ``decoupled_weight_decay`` in its
-    # defaults but does not accept it back.
+    # each group's parameters across ranks. The constructor gets only the settings it takes: torch 2.13's AdamW
+    # lists ``decoupled_weight_decay`` in its defaults but does not accept it back.
     accepted = inspect.signature(type(opt).__init__).parameters
     kw = {k: v for k, v in opt.defaults.items() if k in accepted}
     groups = [dict(g) for g in opt.param_groups]

@@ -63,7 +63,7 @@ def measured_peak(device_type: str, precision: str, n: int = 0, budget_s: float 
 
     The rank's own threads run it, so on a CPU shared by ranks each rank measures the share it trains on. ``n``
     0 sizes it to the device: 1024 on a CPU; 8192 on a GPU, where a 1024 product is over in microseconds and its
-    launch and sync would be timed instead (an H200 read 85 TFLOP/s at 1024, a tenth of its datasheet's).
+    launch and sync would be timed instead (an H200 read 85 TFLOP/s at 1024, a twelfth of its datasheet 989).
     """
     device = torch.device(device_type)
     n = n or (8192 if device.type == "cuda" else 1024)
