@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import ConfigError
 from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
-from .fsdp import fsdp_step, transformer_units
+from .fsdp import fsdp_step, half_allreduce, transformer_units
 from .hardware import Link, catalog, link
 from .host import shared_step_s, slowdown_at, thread_slowdown
 from .order_stats import expected_max_normal, predicted_update_time, sigma_from_spread
@@ -338,10 +338,8 @@ def _fsdp_exchange(cluster: Cluster, units: int, grad_bytes: float, dp: int, com
         return 0.0, 0.0, 0.0
     params = grad_bytes / 4
 
-    def half(n: float) -> float:  # a ring all-gather or reduce-scatter moves half an all-reduce
-        return cluster.allreduce_s(n, dp) / 2
-
     blocks = transformer_units(units, params / units, compute, backward_share=backward / compute if compute else 2 / 3)
+    half = half_allreduce(cluster.allreduce_s, dp)
     t = fsdp_step(blocks, half, half, gather_bytes=4.0, reduce_bytes=4.0)
     cpu = 3 * cluster.comm_cpu_s(grad_bytes, dp) / 2  # two gathers and one reduce-scatter: 1.5 all-reduces
     return t.exposed_s, t.comm_s, cpu

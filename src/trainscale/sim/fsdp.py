@@ -102,6 +102,12 @@ def fsdp_step(units: Sequence[FsdpUnit], gather_s: Callable[[float], float], red
     return FsdpTimes(end, compute, comm)
 
 
+def half_allreduce(allreduce_s: Callable[[float, int], float], world: int) -> Callable[[float], float]:
+    """``gather_s``/``reduce_s`` for ``fsdp_step``: a ring all-gather or reduce-scatter of n bytes is one of a ring
+    all-reduce's two passes, half its time (``allreduce_s(n, world)``, e.g. ``Cluster.allreduce_s``)."""
+    return lambda n: allreduce_s(n, world) / 2
+
+
 def transformer_units(layers: int, layer_params: float, compute_s: float, head_share: float = 0.0,
                       backward_share: float = 2 / 3) -> list[FsdpUnit]:
     """``layers`` equal blocks sharing ``compute_s`` (forward + backward), plus a compute-only head unit.

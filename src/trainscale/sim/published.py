@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .fsdp import FsdpTimes, fsdp_step, transformer_units
+from .fsdp import FsdpTimes, fsdp_step, half_allreduce, transformer_units
 from .overhead import fit_overhead, fitted_overhead, precision_class
 
 __all__ = ["Row", "efficiencies", "fsdp_times", "forecast_point", "fit_constants", "evaluate"]
@@ -70,10 +70,8 @@ def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
     head_share = m["head_flops_per_token"] / linear_peak / per_token
     cluster = Cluster.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
 
-    def half(n: float) -> float:  # a ring all-gather or reduce-scatter is half an all-reduce
-        return cluster.allreduce_s(n, world) / 2
-
     units = transformer_units(m["layers"], m["layer_params"], compute, head_share)
+    half = half_allreduce(cluster.allreduce_s, world)
     return fsdp_step(units, half, half, m.get("gather_bytes", 2), m.get("reduce_bytes", 4), m["root_params"])
 
 
