@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -21,13 +21,17 @@ from .errors import RunError
 __all__ = ["BatchSource", "is_batch_source"]
 
 
+def _is_function(data: Any) -> TypeGuard[Callable[[], Any]]:
+    """A batch function (nanoGPT's ``get_batch``): callable, and not a dataset or a loader."""
+    return callable(data) and not isinstance(data, (DataLoader, IterableDataset)) and not hasattr(data, "__getitem__")
+
+
 def is_batch_source(data: Any) -> bool:
     """A function, an IterableDataset (or a DataLoader over one) or an iterator: batches without indices."""
     if isinstance(data, DataLoader):
         return isinstance(data.dataset, IterableDataset)
-    function = callable(data) and not hasattr(data, "__getitem__")
     iterator = hasattr(data, "__next__") and not hasattr(data, "state_dict")  # a ready loader has a state
-    return isinstance(data, IterableDataset) or function or iterator
+    return isinstance(data, IterableDataset) or _is_function(data) or iterator
 
 
 class BatchSource:
@@ -50,7 +54,7 @@ class BatchSource:
 
     def __init__(self, source: Callable[[], Any] | Iterable[Any], device: Any):
         self.device = device
-        self.fn = source if callable(source) and not isinstance(source, (DataLoader, IterableDataset)) else None
+        self.fn = source if _is_function(source) else None
         self.iterable = None if self.fn is not None else source
         self.one_shot = hasattr(source, "__next__")  # an iterator or a generator: it cannot start again
         self._it: Iterator[Any] | None = None
