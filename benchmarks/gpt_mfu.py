@@ -13,15 +13,16 @@ Last stdout line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -29,12 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 GPT_PY = REPO / "examples" / "gpt.py"
 
 
-def load_example():  # noqa: ANN201 - the example module
-    """examples/gpt.py as a module: its GPT, text and loss, without running its main."""
-    spec = importlib.util.spec_from_file_location("gpt_example", GPT_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def load_example() -> SimpleNamespace:
+    """examples/gpt.py's names (its GPT, text and loss), without running its main."""
+    return SimpleNamespace(**runpy.run_path(str(GPT_PY), run_name="gpt_example"))
 
 
 def run_example(a: argparse.Namespace, shape: list[str]) -> dict:

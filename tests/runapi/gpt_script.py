@@ -9,18 +9,17 @@ sequences per step: weights at 1 and 2 processes, under DDP or FSDP, must agree.
 """
 
 import contextlib
-import importlib.util
+import runpy
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch.utils.data import DataLoader
 
 import trainscale
 
-spec = importlib.util.spec_from_file_location("gpt_example", Path(__file__).parents[2] / "examples" / "gpt.py")
-gpt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpt)
+gpt = SimpleNamespace(**runpy.run_path(str(Path(__file__).parents[2] / "examples" / "gpt.py"), run_name="gpt_example"))
 
 GLOBAL, ACCUM, STEPS, BLOCK, CLIP = 8, 2, 4, 16, 0.5
 out = sys.argv[1]
