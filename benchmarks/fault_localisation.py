@@ -106,6 +106,8 @@ class Run:
 def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
     import psutil
 
+    from trainscale.lab.neighbours import LoadMonitor
+
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINSCALE_JSON": f"{d}/s.json",
                "TRAINSCALE_BENCH_ONSET": f"{d}/onset",
@@ -114,48 +116,34 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(r.nproc), str(JOB),
                "--steps", str(STEPS), "--log.straggler_every", str(EVERY), "--job.timeout_s", str(TIMEOUT_S),
                "--log.progress", "none", "--log.metrics", "false", "--data.eval_size", "0", *extra]
-        t0, cpu0, own0 = time.monotonic(), _busy_s(), _own_cpu_s()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             start_new_session=True, cwd=d)
-        lines: list[tuple[float, str]] = []
-        reader = threading.Thread(target=lambda: lines.extend((time.time(), ln.rstrip()) for ln in p.stdout),  # type: ignore[union-attr]
-                                  daemon=True)
-        reader.start()
-        seen: set[Any] = set()
-        try:
-            while p.poll() is None:
-                try:
-                    seen |= set(psutil.Process(p.pid).children(recursive=True))
-                except psutil.Error:
-                    pass
-                if time.monotonic() - t0 > timeout_s:
-                    r.timed_out = True
-                    break
-                time.sleep(0.2)
-        finally:  # a timeout, an interrupt or SIGTERM: nothing of the job outlives it
-            r.left = end_all(p, seen)
-        reader.join(timeout=5)
+        # Other work on the machine slows ranks in ways no fault planted here explains: the cores it took are kept.
+        with LoadMonitor() as load:
+            t0 = time.monotonic()
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                 start_new_session=True, cwd=d)
+            lines: list[tuple[float, str]] = []
+            reader = threading.Thread(target=lambda: lines.extend((time.time(), ln.rstrip()) for ln in p.stdout),  # type: ignore[union-attr]
+                                      daemon=True)
+            reader.start()
+            seen: set[Any] = set()
+            try:
+                while p.poll() is None:
+                    try:
+                        seen |= set(psutil.Process(p.pid).children(recursive=True))
+                    except psutil.Error:
+                        pass
+                    if time.monotonic() - t0 > timeout_s:
+                        r.timed_out = True
+                        break
+                    time.sleep(0.2)
+            finally:  # a timeout, an interrupt or SIGTERM: nothing of the job outlives it
+                r.left = end_all(p, seen)
+            reader.join(timeout=5)
         r.rc, r.wall_s = p.returncode, round(time.monotonic() - t0, 2)
-        # The job's CPU is its waited-for processes' (the launcher waits for its ranks): the rest of the machine's
-        # busy time is other work, which slows ranks in ways no fault planted here explains.
-        r.outside_cores = round(max(0.0, (_busy_s() - cpu0) - (_own_cpu_s() - own0)) / max(r.wall_s, 1e-9), 2)
+        r.outside_cores = round(load.report()["cores"], 2)
         onset = float(Path(f"{d}/onset").read_text()) if Path(f"{d}/onset").exists() else None
         summary = json.loads(Path(f"{d}/s.json").read_text()) if Path(f"{d}/s.json").exists() else None
         judge(r, lines, onset, summary)
-
-
-def _busy_s() -> float:
-    """CPU seconds the whole machine has spent busy (every core, neither idle nor waiting for I/O)."""
-    import psutil
-
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and of its children that ended and were waited for (the job, once it ended)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def end_all(p: subprocess.Popen, seen: set[Any]) -> int:

@@ -34,7 +34,7 @@ def test_a_rank_already_slow_that_gets_worse_is_named_again_from_the_new_onset()
     det = StragglerDetector(world=4, every=5)
     fast = [(0.010, 0.001, NAN)] * 16
     # 1.5x from window 4 (step 16), then 4x from window 12 (step 56): a new fault on a rank already a little slow.
-    slow = [(0.010, 0.001, NAN)] * 3 + [(0.0155, 0.001, NAN)] * 8 + [(0.043, 0.001, NAN)] * 5
+    slow = [(0.010, 0.001, NAN)] * 3 + [(0.018, 0.001, NAN)] * 8 + [(0.043, 0.001, NAN)] * 5
     feed(det, [fast, fast, slow, fast])
     assert [(e.rank, e.since_step, e.until_step, e.detected_at_step) for e in det.episodes] == \
         [(2, 16, 55, 30), (2, 56, None, 60)]
@@ -74,6 +74,21 @@ def test_noise_and_a_slowdown_of_every_rank_raise_no_alarm():
               for _ in range(4)]
     feed(det, series)
     assert det.episodes == []
+
+
+def test_on_a_noisy_host_the_threshold_grows_with_the_measured_noise():
+    def noisy(seed: int, fixed: bool) -> StragglerDetector:
+        rng = random.Random(seed)
+        det = StragglerDetector(world=2, every=5, **({"drift_sigmas": 0, "threshold_sigmas": 0} if fixed else {}))
+        # Each rank's window swings by 30% (sd of its log: a shared CPU host), then rank 1 is 4x slower from step 196.
+        feed(det, [[(0.002 * math.exp(rng.gauss(0, 0.3)) * (4 if r and i >= 39 else 1), 0.0, NAN) for i in range(50)]
+                   for r in range(2)])
+        return det
+    assert all(len(noisy(s, fixed=True).episodes) > 1 for s in range(5))  # a fixed threshold calls noise slow too
+    for seed in range(5):
+        det = noisy(seed, fixed=False)
+        assert [(e.rank, e.cause) for e in det.episodes] == [(1, "compute")], (seed, det.episodes)
+        assert det.episodes[0].since_step == 196 and det.episodes[0].detected_at_step <= 205 and 0.3 < det.sigma() < 0.5
 
 
 @pytest.mark.dist
