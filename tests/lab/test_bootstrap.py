@@ -13,11 +13,14 @@ PHASES = ("base", "no_data", "no_comm")
 
 
 def run(k: int, cost: dict[str, float], rng: random.Random, cycles: int = 6, block: int = 5, tail: float = 0.0,
-        switch: bool = False, ranks: int = 2) -> dict[tuple[str, int], dict]:
+        switch: bool = False, ranks: int = 2, loader: bool = False) -> dict[tuple[str, int], dict]:
     """A phased run: each step = its phase's cost x a regime factor (two modes, switching between cycles when
     ``switch``) x log-normal noise, plus a heavy-tailed outlier with probability ``tail``."""
     parts = {}
     for ph in PHASES:
+        # The rank waits for its batch for the part of the step that the data costs (``loader``: it does not, the
+        # loader's CPU slows the step instead).
+        waits = 0.0 if loader or ph != "base" else (cost["base"] - cost["no_data"]) / cost["base"]
         per_rank = []
         for _ in range(ranks):
             rows = []
@@ -27,7 +30,7 @@ def run(k: int, cost: dict[str, float], rng: random.Random, cycles: int = 6, blo
                     t = cost[ph] * regime * rng.lognormvariate(0, 0.15)
                     if rng.random() < tail:
                         t *= 10 + 40 * rng.random()
-                    rows.append([c, t, 0.6 * t, 0.0])
+                    rows.append([c, t, 0.6 * t, waits * t])
             per_rank.append(rows)
         meds = [sorted(r[1] for r in rows)[len(rows) // 2] for rows in per_rank]
         parts[(ph, k)] = {"step_time_s": meds[0], "step_time_spread": 0.5, "measured_steps": len(per_rank[0]),
@@ -82,9 +85,18 @@ def test_a_cost_paid_in_bursts_counts_at_its_mean():
             for i, r in enumerate(rows):
                 if i % 3 == 2:
                     r[1] = 0.030 * rng.lognormvariate(0, 0.1)  # ~3x the 10 ms step
+                    r[3] = r[1] - 0.010  # waiting for the disk
     res = causes(analyse(runs, 2, CTX, replicates=200))
     # Mean cost per step at N: (2 x 10 + 30) / 3 - 10 = 6.7 ms; the median step would say 0.
     assert res["input"]["verdict"] == "clear" and 0.004 < res["input"]["seconds_per_step"] < 0.009, res["input"]
+
+
+def test_an_input_cost_the_ranks_did_not_wait_for_is_the_loader_competing_for_cores():
+    """Removing the data saves 6 ms/step at N, but no rank waited for a batch: the loader's CPU slowed the step."""
+    res = causes(analyse(runs_for(ONE, INPUT_N, loader=True), 2, CTX, replicates=200))
+    c = res["input"]
+    assert c["verdict"] == "likely" and c["loader_competes"] and not c["apply_flags"], c
+    assert "competing with the step for cores" in c["evidence"] and "--data.workers" not in c["suggestion"]
 
 
 def test_a_clean_job_gets_no_clear_cause():

@@ -9,7 +9,7 @@ from typing import Any
 from ..reporting.stats import Interval, mean_interval, median, rel_spread
 
 __all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval", "sync_wait", "critical_runq"]
+           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
 # loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
@@ -92,6 +92,15 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
     drawn = [(w.get(c, 0), v) for c, v in steps if w.get(c, 0)]
     total = sum(k for k, _ in drawn)
     return sum(k * v for k, v in drawn) / total if total else float("nan")
+
+
+def critical_data_wait(ranks: list[list[list[float]]]) -> float:
+    """Seconds per step the step waited for a batch: per step, the longest data wait over the ranks (a synchronous
+    step waits for its last rank's batch), averaged over the steps. NaN without the column (``config.STEP_ROW`` 3)."""
+    n = min((len(rows) for rows in ranks), default=0)
+    waits = [max(rows[i][3] for rows in ranks) for i in range(n)
+             if all(len(rows[i]) > 3 and rows[i][3] is not None and math.isfinite(rows[i][3]) for rows in ranks)]
+    return sum(waits) / len(waits) if waits else float("nan")
 
 
 def job_step_time(summary: dict[str, Any]) -> float:
