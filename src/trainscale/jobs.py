@@ -179,6 +179,10 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)  # the lab is never itself a rank; each run launches its own
+    if spec.launcher.multi_node:  # the other nodes of a multi-node lab launch their part of it
+        from .nodes import announce
+
+        announce(spec.command(), spec.env(), spec.label)
     try:
         rc, out, err = communicate_or_kill(spec.command(), env, timeout)
     except subprocess.TimeoutExpired:

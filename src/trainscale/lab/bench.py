@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from ..config import Config, ConfigError, config_to_dict
 from ..jobs import LauncherOptions, RunFailed, RunSpec, check_train_args, run_train, split_script
+from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import err_console
 from .bench_analysis import complete_points, make_point, run_record
@@ -52,13 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="weak: fixed per-device batch (default); strong: fixed global batch")
     p.add_argument("--out", default="runs/bench", help="folder for bench.json, report.md/html and plots")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take before it is ended")
-    p.add_argument("--nnodes", default="1", help="nodes (passed to the launcher); run the same bench on each")
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--master-addr")
-    p.add_argument("--master-port", type=int)
-    p.add_argument("--rdzv-endpoint")
     p.add_argument("--calibration", metavar="FILE",
                    help="a `trainscale plan calibrate` file of this job: show the forecast step time beside each point")
+    add_node_options(p)
     return p
 
 
@@ -66,12 +63,15 @@ def main(argv: list[str]) -> int:
     """Entry of ``trainscale bench``: check the options, run the sweep, analyse, write and print the report."""
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
-    plan, cfg, forecast = _check(args, rest)
+    launcher = launcher_options(args)
+    plan, cfg, forecast = _check(args, rest, nodes(launcher))
+    if launcher.node_rank > 0:  # node 0 runs the sweep and writes the report; this node takes part in its runs
+        return follow(launcher, args.timeout)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = _new_doc(args, plan, cfg, rest, script)
-    launcher = LauncherOptions(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.rdzv_endpoint)
-    _Sweep(plan, rest, script, launcher, args.timeout, out).run(doc, forecast)
+    doc = _new_doc(args, plan, cfg, rest, script, launcher)
+    with leading(launcher):
+        _Sweep(plan, rest, script, launcher, args.timeout, out).run(doc, forecast)
     complete_points(doc["points"], plan.scaling)
     doc["verdict"] = bench_verdict(doc["points"], rest, script)
     plots = write_plots(doc["points"], doc["runs"], out)
@@ -81,12 +81,11 @@ def main(argv: list[str]) -> int:
     return 1 if doc["error"] else 0
 
 
-def _check(args: argparse.Namespace, rest: list[str]) -> tuple[BenchPlan, Config, dict[int, float]]:
+def _check(args: argparse.Namespace, rest: list[str], nnodes: int) -> tuple[BenchPlan, Config, dict[int, float]]:
     """The plan, the train options and the forecast per world size, all checked before anything runs."""
     nprocs = parse_nproc_list(args.nproc)
     if args.repeat < 1:
         raise ConfigError("--repeat", args.repeat, "must be >= 1")
-    nnodes = int(str(args.nnodes).split(":")[-1])
     cfg = check_train_args(rest)
     forecast = {}
     if args.calibration:  # checked before any run: another job's calibration is refused now
@@ -97,12 +96,12 @@ def _check(args: argparse.Namespace, rest: list[str]) -> tuple[BenchPlan, Config
     return plan, cfg, forecast
 
 
-def _new_doc(args: argparse.Namespace, plan: BenchPlan, cfg: Config, rest: list[str], script: list[str] | None
-             ) -> dict[str, Any]:
+def _new_doc(args: argparse.Namespace, plan: BenchPlan, cfg: Config, rest: list[str], script: list[str] | None,
+             launcher: LauncherOptions) -> dict[str, Any]:
     """bench.json before the first run: no points yet, the machine and the sweep's configuration."""
     return {
         "points": [], "runs": [], "commands": [], "error": None, "machine": machine_description(),
-        "config": {"scaling": plan.scaling, "repeat": plan.repeat, "nproc": list(plan.nprocs), "nnodes": args.nnodes,
+        "config": {"scaling": plan.scaling, "repeat": plan.repeat, "nproc": list(plan.nprocs), "nnodes": launcher.nnodes,
                    "train_args": rest, "script": script, "model": cfg.model.name if not script else " ".join(script),
                    "data": cfg.data.name if not script else "user", "steps": cfg.job.steps,
                    "skip_first": cfg.log.skip_first, "batch_size": cfg.data.batch_size, "train": config_to_dict(cfg)},

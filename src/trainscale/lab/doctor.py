@@ -25,7 +25,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import PHASES, ConfigError, apply_overrides, config_to_dict
-from ..jobs import RunFailed, check_train_args, split_script
+from ..jobs import LauncherOptions, RunFailed, check_train_args, split_script
+from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import console, err_console
 from .analysis import CONFIGS, analyse
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds the doctor may spend; it repeats the runs (up to 2 x --repeat) while a cause is "
                         "only likely or undecided and time is left (default: 150 with --quick, 600 without; never fewer than 2 "
                         "repeats)")
+    add_node_options(p)
     return p
 
 
@@ -79,22 +81,23 @@ def _apply(lab: Lab, res: dict[str, Any], runs: dict[tuple[str, int], list[dict[
         return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
     flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
     # Measured as before (the base phase of phased runs), so before and after are alike.
-    after = [lab.run("applied", n, [*phased, *flags], r)["base"] for r in range(repeat)]
+    after = [lab.run("applied", n, [*phased, *flags], r, True)["base"] for r in range(repeat)]
     # The change applies at 1 process too (a bucket size, a batch): its 1-process reference is measured again,
     # so that efficiency after compares like with like.
-    one_after = [lab.run("applied", 1, [*phased, *flags], r)["base"] for r in range(repeat)]
-    before = runs[("base", n)]
+    one_after = [lab.run("applied", 1, [*phased, *flags], r, False)["base"] for r in range(repeat)]
+    w = lab.world(n, True)
+    before = runs[("base", w)]
     sps1 = median(s["samples_per_s"] for s in runs[("base", 1)])
     sps1_after = median(s["samples_per_s"] for s in one_after)
     sps_b, sps_a = median(s["samples_per_s"] for s in before), median(s["samples_per_s"] for s in after)
     t0, t1 = median(job_step_time(s) for s in before), median(job_step_time(s) for s in after)
-    eff_b, eff_a = sps_b / (n * sps1), sps_a / (n * sps1_after)
+    eff_b, eff_a = sps_b / (w * sps1), sps_a / (w * sps1_after)
     v = adopt_verdict(before, after)
     return {"cause": top["name"], "flags": top["apply_flags"], "step_time_before_s": t0, "step_time_after_s": t1,
             "gain": v["gain"], "gain_interval": v["interval"], "decision": v["decision"],
             "samples_per_s_before": sps_b, "samples_per_s_after": sps_a,
             "efficiency_before": eff_b, "efficiency_after": eff_a,
-            "text": f"{' '.join(flags)} (for {top['name']}): at {n} processes samples/s {sps_b:,.0f} -> {sps_a:,.0f}, "
+            "text": f"{' '.join(flags)} (for {top['name']}): at {w} processes samples/s {sps_b:,.0f} -> {sps_a:,.0f}, "
                     f"step time {t0 * 1e3:.3f} -> {t1 * 1e3:.3f} ms, efficiency {eff_b:.0%} -> {eff_a:.0%}; "
                     f"{v['line']}"}
 
@@ -103,13 +106,16 @@ def main(argv: list[str]) -> int:
     """Entry of ``trainscale doctor``: check the options, run the plan, analyse, write and print the report."""
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
-    _check(args)
+    launcher = launcher_options(args)
+    _check(args, nodes(launcher))
     cfg = check_train_args(rest)
     if cfg.strategy.fsdp:  # refused before any run, with the line a script's phased run would end with
         apply_overrides(cfg, {"ablate.phases": ",".join(PHASES)})
+    if launcher.node_rank > 0:  # node 0 runs the experiments and writes the report; this node takes part
+        return follow(launcher, args.timeout)
     if cfg.strategy.pipeline_stages > 1:
-        return _pipeline_doctor(args, rest, script, cfg)
-    n = args.nproc
+        return _pipeline_doctor(args, rest, script, cfg, launcher)
+    n, world = args.nproc, args.nproc * nodes(launcher)  # N per node on every node, against 1 process
     plan = DoctorPlan(n, args.repeat, args.budget or (150.0 if args.quick else 600.0), args.quick)
     # Like for like: 1 and N processes get the same intra-op threads each (the N-process default), unless the
     # user chose; thread counts are compared only in their own experiment.
@@ -120,17 +126,18 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
                            "machine": machine_description(), "config": {
-                               "nproc": n, "repeat": args.repeat, "train_args": rest, "script": script,
+                               "nproc": world, "nnodes": nodes(launcher), "repeat": args.repeat,
+                               "train_args": rest, "script": script,
                                "threads_per_process": threads, "budget_s": plan.budget, "train": config_to_dict(cfg)}}
     steps = cfg.log.skip_first + args.cycles * len(PHASES) * args.phase_steps
     phased = ["--ablate.phases", ",".join(PHASES), "--ablate.phase_steps", str(args.phase_steps), "--steps", str(steps)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar, LoadMonitor() as load:
-        lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script)
+                  console=err_console, transient=True) as bar, LoadMonitor() as load, leading(launcher):
+        lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
         def analysed(**kw: Any) -> dict[str, Any]:
-            return analyse(runs, n, {**context_from_config(cfg), "external": load.report()}, args.min_share,
+            return analyse(runs, world, {**context_from_config(cfg), "external": load.report()}, args.min_share,
                            args.min_step_share, **kw)
         try:
             doc.update(_diagnose(lab, plan, runs, phased, analysed))
@@ -144,7 +151,7 @@ def main(argv: list[str]) -> int:
     doc["external"] = load.report()
     write_json(out / "doctor.json", doc)
     if doc.get("result"):
-        write_plots(doc, lab.log, runs, out, n)
+        write_plots(doc, lab.log, runs, out, world)
     write_report(out, doc)
     if doc.get("result"):
         print_result(doc)
@@ -152,10 +159,11 @@ def main(argv: list[str]) -> int:
     return _exit_code(doc)
 
 
-def _check(args: argparse.Namespace) -> None:
+def _check(args: argparse.Namespace, nnodes: int = 1) -> None:
     """The doctor's own options, before anything runs: one line for the first bad one."""
-    if args.nproc < 2:
-        raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2")
+    if args.nproc < 1 or args.nproc * nnodes < 2:
+        raise ConfigError("--nproc", args.nproc, "the doctor compares 1 with N processes: give N >= 2 (or N >= 1 "
+                          "per node on several nodes)")
     if args.repeat < 2:
         raise ConfigError("--repeat", args.repeat, "must be >= 2: the noise is measured across repeats")
     if args.cycles < 1:
@@ -171,9 +179,9 @@ def _diagnose(lab: Lab, plan: DoctorPlan, runs: dict[tuple[str, int], list[dict[
 
     def one_repeat(r: int) -> None:
         # Alternating sizes, so that a drift of the machine hits both alike; the phases inside a run are paired.
-        for k in (1, n):
-            for name, part in lab.run("phases", k, phased, r).items():
-                runs.setdefault((name, k), []).append(part)
+        for k, everywhere in ((1, False), (n, True)):
+            for name, part in lab.run("phases", k, phased, r, everywhere).items():
+                runs.setdefault((name, lab.world(k, everywhere)), []).append(part)
     r = 0
     while not plan.first_repeats_done(r, time.monotonic() - t_start):
         one_repeat(r)
@@ -193,21 +201,25 @@ def _diagnose(lab: Lab, plan: DoctorPlan, runs: dict[tuple[str, int], list[dict[
 def _second_level(lab: Lab, runs: dict[tuple[str, int], list[dict[str, Any]]], n: int, repeats: int
                   ) -> dict[str, Any]:
     """The sleep test, operator profiles at 1 and N, thread trials: which part of compute is slower at N."""
-    cands = thread_candidates(runs[("base", n)][0].get("threads") or 1, n, cores())
+    w = lab.world(n, True)
+    cands = thread_candidates(runs[("base", w)][0].get("threads") or 1, n, cores())
     lab.expect(2 * repeats + 2 + len(cands) * repeats)
     for r in range(repeats):
         # The sleep test: the N-process run sleeps the durations calibrated at 1 process, so an operator that is
         # slow only at N stays compute, and what remains is the framework's own cost.
         one = lab.run("sleep", 1, CONFIGS["sleep"], r)
         runs.setdefault(("sleep", 1), []).append(one)
-        runs.setdefault(("sleep", n), []).append(
-            lab.run("sleep", n, [*CONFIGS["sleep"], "--ablate.sleep_times", one["sleep_times"]], r))
-    prof = [json.loads(Path(lab.run("profile", k, ["--profile"], 0)["profile_json"]).read_text()) for k in (1, n)]
-    threads = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r) for r in range(repeats)] for t in cands}
+        runs.setdefault(("sleep", w), []).append(
+            lab.run("sleep", n, [*CONFIGS["sleep"], "--ablate.sleep_times", one["sleep_times"]], r, True))
+    prof = [json.loads(Path(lab.run("profile", k, ["--profile"], 0, everywhere)["profile_json"]).read_text())
+            for k, everywhere in ((1, False), (n, True))]
+    threads = {t: [lab.run(f"threads{t}", n, ["--job.threads", str(t)], r, True) for r in range(repeats)]
+               for t in cands}
     return {"profiles": (prof[0], prof[1]), "threads": threads}
 
 
-def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str] | None, cfg: Any) -> int:
+def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str] | None, cfg: Any,
+                     launcher: LauncherOptions) -> int:
     """A pipelined job against itself with more micro-batches and with the measured split, runs alternating."""
     from .pipeline_analysis import pipeline_causes, pipeline_experiments
 
@@ -219,8 +231,9 @@ def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str
                            "machine": machine_description(),
                            "config": {"nproc": args.nproc, "repeat": args.repeat, "train_args": rest}}
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=args.repeat * len(experiments)), script)
+                  console=err_console, transient=True) as bar, leading(launcher):
+        lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=args.repeat * len(experiments)), script,
+                  launcher)
         try:
             for r in range(args.repeat):  # alternating, so that a drift of the machine hits every variant alike
                 for name, extra in experiments.items():

@@ -11,7 +11,8 @@ from typing import Any
 
 from rich.progress import Progress, TaskID
 
-from ..jobs import RunSpec, run_train
+from ..jobs import LauncherOptions, RunSpec, run_train
+from ..nodes import nodes
 from .stats import job_step_time
 
 __all__ = ["Lab", "phase_parts"]
@@ -26,19 +27,27 @@ class Lab:
     """Runs experiments, keeps every summary, and shows progress (``bar``, a rich progress with one task)."""
 
     def __init__(self, out: Path, user: list[str], timeout: float, bar: Progress, task: TaskID,
-                 script: list[str] | None = None):
+                 script: list[str] | None = None, launcher: LauncherOptions | None = None):
         self.out, self.user, self.timeout, self.bar, self.task, self.script = out, user, timeout, bar, task, script
+        self.launcher = launcher or LauncherOptions()
         self.log: list[dict[str, Any]] = []
 
-    def run(self, name: str, k: int, extra: list[str], r: int) -> dict[str, Any]:
-        """One run; a run with phases is logged and returned as one summary per phase."""
-        self.bar.update(self.task, description=f"{name} at {k} process(es), run {r + 1}")
-        spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{k}_r{r}.json",
-                       f"experiment {name} at {k} process(es)", script=self.script)
+    def world(self, k: int, everywhere: bool | None = None) -> int:
+        """Processes of a run of ``k`` per node: on this node alone, or on every node of the lab (``everywhere``;
+        by default when ``k`` > 1: the 1-process reference runs here)."""
+        return k * nodes(self.launcher) if (k > 1 if everywhere is None else everywhere) else k
+
+    def run(self, name: str, k: int, extra: list[str], r: int, everywhere: bool | None = None) -> dict[str, Any]:
+        """One run of ``k`` processes per node; a run with phases is logged and returned as one summary per phase."""
+        w = self.world(k, everywhere)
+        self.bar.update(self.task, description=f"{name} at {w} process(es), run {r + 1}")
+        spec = RunSpec(k, [*self.user, *extra], self.out / "runs" / f"{name}_n{w}_r{r}.json",
+                       f"experiment {name} at {w} process(es)",
+                       self.launcher if w > k else LauncherOptions(), script=self.script)
         s = run_train(spec, self.timeout)
         parts = phase_parts(s) if s.get("phases") else {name: s}
         for ph, p in parts.items():
-            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": k, "repeat": r,
+            self.log.append({"experiment": ph if name == "phases" else f"{name} ({ph})", "nproc": w, "repeat": r,
                              "step_time_s": p["step_time_s"], "job_step_time_s": job_step_time(p),
                              "samples_per_s": p["samples_per_s"], "rank_compute_s": p.get("rank_compute_s"),
                              "rank_step_time_s": p.get("rank_step_time_s"), "data_wait_frac": p.get("data_wait_frac"),

@@ -1,0 +1,108 @@
+"""The lab on two "nodes" of this host: the same ``trainscale bench`` / ``doctor`` command on each, node 0 leads."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from emulate import free_port
+
+from clitools import REPO, run_cli
+from trainscale.nodes import _as_node, launcher_options
+
+JOB = ["--steps", "10", "--data.eval_size", "0", "--job.threads", "1"]
+
+
+def two_ports() -> int:
+    """A port P with P + 1 free too: P is each run's rendezvous, P + 1 the lab's store."""
+    for _ in range(50):
+        port = free_port(30000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two free ports")
+
+
+def on_two_nodes(command: list[str], out, timeout: float) -> tuple[list[int], list[str]]:
+    """``trainscale COMMAND`` as node 0 and node 1 at once; their exit codes and outputs."""
+    port = two_ports()
+    procs = []
+    for node in (0, 1):
+        argv = [sys.executable, "-m", "trainscale", *command, "--nnodes", "2", "--node-rank", str(node),
+                "--master-addr", "127.0.0.1", "--master-port", str(port), "--out", str(out / f"node{node}")]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    texts = []
+    try:
+        for p in procs:
+            texts.append(p.communicate(timeout=timeout)[0])
+    finally:  # SIGTERM: the lab ends the run it has in flight, with the run's whole process tree
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.communicate(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+    return [p.returncode for p in procs], texts
+
+
+def test_node_options_come_from_the_command_line_else_from_slurm(monkeypatch):
+    import argparse
+
+    from trainscale.nodes import add_node_options
+
+    p = argparse.ArgumentParser()
+    add_node_options(p)
+    opts = launcher_options(p.parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "n0"]))
+    assert (opts.nnodes, opts.node_rank, opts.master_addr, opts.multi_node) == ("2", 1, "n0", True)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[01-02]"}
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    opts = launcher_options(p.parse_args([]))
+    assert (opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port) == ("2", 1, "node01", 24242)
+    # node 0's launcher command, as another node runs it
+    assert _as_node(["launch", "--nnodes", "2", "--node-rank", "0", "x.py"], 1) == \
+        ["launch", "--nnodes", "2", "--node-rank", "1", "x.py"]
+
+
+def test_a_node_rank_outside_the_nodes_is_one_line():
+    r = run_cli(["bench", "--nnodes", "2", "--node-rank", "2", *JOB], timeout=60)
+    assert r.rc == 2 and "--node-rank = 2: from 0 to 1 (--nnodes 2)" in r.err, r.text
+    assert "Traceback" not in r.text
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_bench_on_two_nodes_node_0_reports_node_1_takes_part(tmp_path):
+    codes, texts = on_two_nodes(["bench", "--nproc", "1", "--repeat", "1", *JOB], tmp_path, timeout=220)
+    assert codes == [0, 0], "\n----\n".join(texts)
+    doc = json.loads((tmp_path / "node0" / "bench.json").read_text())
+    assert [p["nproc"] for p in doc["points"]] == [1] and doc["config"]["nnodes"] == "2"
+    [summary] = [json.loads(f.read_text()) for f in (tmp_path / "node0" / "runs").glob("*.json")]
+    assert (summary["world_size"], summary["nodes"], summary["procs_per_node"]) == (2, 2, 1)
+    assert "took part in 1 run(s); node 0 writes the report" in texts[1], texts[1]
+    assert not (tmp_path / "node1" / "bench.json").exists()  # one report, node 0's
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_doctor_on_two_nodes_compares_one_process_with_one_per_node(tmp_path):
+    cmd = ["doctor", "--nproc", "1", "--quick", "--repeat", "2", "--budget", "1", "--cycles", "3", "--phase-steps", "4",
+           "--data.eval_size", "0"]
+    codes, texts = on_two_nodes(cmd, tmp_path, timeout=280)
+    assert codes == [0, 0], "\n----\n".join(texts)
+    doc = json.loads((tmp_path / "node0" / "doctor.json").read_text())
+    assert (doc["config"]["nproc"], doc["config"]["nnodes"], doc["nproc"]) == (2, 2, 2) and doc["causes"]
+    nodes = {f.name: json.loads(f.read_text())["nodes"] for f in (tmp_path / "node0" / "runs").glob("phases_*.json")}
+    assert nodes == {"phases_n1_r0.json": 1, "phases_n1_r1.json": 1, "phases_n2_r0.json": 2, "phases_n2_r1.json": 2}
+    assert "took part in 2 run(s)" in texts[1], texts[1]  # the 1-process references run on node 0 alone
