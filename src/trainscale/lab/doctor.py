@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                     "Other options go to `trainscale train`.",
         epilog="examples:\n  trainscale doctor --nproc 2 --out runs/doctor\n"
                "  trainscale doctor --nproc 2 -- python my_train.py --my-args    # your own script on the run API\n"
-               "  trainscale doctor --nproc 2 --strategy.bucket_mb 0 --model.depth 12 --apply")
+               "  trainscale doctor --nproc 2 --strategy.bucket_mb 0 --model.depth 12 --apply\n"
+               "  trainscale doctor --nproc 4 --nnodes 2 --node-rank R --master-addr node0   # on each node R")
     p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
     p.add_argument("--repeat", type=int, default=3, help="runs at each size (default 3); a cause must show in every one")
     p.add_argument("--out", default="runs/doctor", help="folder for doctor.json, doctor.md/html and plots")
