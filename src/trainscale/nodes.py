@@ -93,7 +93,11 @@ def leading(opts: LauncherOptions, ack_s: float = 30.0) -> Iterator[None]:
     if not opts.multi_node or nodes(opts) < 2:
         yield
         return
-    _leader = _store(opts, leader=True, timeout_s=ack_s)
+    try:
+        _leader = _store(opts, leader=True, timeout_s=ack_s)
+    except (RuntimeError, OSError) as e:  # the port above the master's is taken
+        raise ConfigError("--master-port", opts.master_port or opts.rdzv_endpoint, f"the lab's store needs the port "
+                          f"above it free on node 0 ({e})") from None
     _leader.set(PREFIX + "next", "0")
     ok = False
     try:

@@ -106,3 +106,14 @@ def test_doctor_on_two_nodes_compares_one_process_with_one_per_node(tmp_path):
     nodes = {f.name: json.loads(f.read_text())["nodes"] for f in (tmp_path / "node0" / "runs").glob("phases_*.json")}
     assert nodes == {"phases_n1_r0.json": 1, "phases_n1_r1.json": 1, "phases_n2_r0.json": 2, "phases_n2_r1.json": 2}
     assert "took part in 2 run(s)" in texts[1], texts[1]  # the 1-process references run on node 0 alone
+
+
+def test_a_taken_lab_port_is_one_line_and_leaves_no_folder(tmp_path):
+    port = two_ports()
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", port + 1))
+        s.listen()
+        r = run_cli(["bench", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                     str(port), "--out", str(tmp_path / "b"), *JOB], timeout=60)
+    assert r.rc == 2 and f"--master-port = {port}: the lab's store needs the port above it free" in r.err, r.text
+    assert "Traceback" not in r.text and not (tmp_path / "b").exists()

@@ -68,9 +68,9 @@ def main(argv: list[str]) -> int:
     if launcher.node_rank > 0:  # node 0 runs the sweep and writes the report; this node takes part in its runs
         return follow(launcher, args.timeout)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     doc = _new_doc(args, plan, cfg, rest, script, launcher)
     with leading(launcher):
+        out.mkdir(parents=True, exist_ok=True)  # once the lab's store is up: a refused port leaves no folder
         _Sweep(plan, rest, script, launcher, args.timeout, out).run(doc, forecast)
     complete_points(doc["points"], plan.scaling)
     doc["verdict"] = bench_verdict(doc["points"], rest, script)

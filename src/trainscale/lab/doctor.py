@@ -124,7 +124,6 @@ def main(argv: list[str]) -> int:
     if not cfg.job.threads:
         rest = [*rest, "--job.threads", str(threads)]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
                            "machine": machine_description(), "config": {
                                "nproc": world, "nnodes": nodes(launcher), "repeat": args.repeat,
@@ -135,6 +134,7 @@ def main(argv: list[str]) -> int:
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar, LoadMonitor() as load, leading(launcher):
+        out.mkdir(parents=True, exist_ok=True)  # once the lab's store is up: a refused port leaves no folder
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
         def analysed(**kw: Any) -> dict[str, Any]:
