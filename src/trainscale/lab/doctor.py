@@ -225,7 +225,6 @@ def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str
     from .pipeline_analysis import pipeline_causes, pipeline_experiments
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     experiments = pipeline_experiments(cfg)
     runs: dict[str, list[dict[str, Any]]] = {}
     doc: dict[str, Any] = {"kind": "pipeline", "causes": [], "runs": [], "error": None,
@@ -233,6 +232,7 @@ def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str
                            "config": {"nproc": args.nproc, "repeat": args.repeat, "train_args": rest}}
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar, leading(launcher):
+        out.mkdir(parents=True, exist_ok=True)
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=args.repeat * len(experiments)), script,
                   launcher)
         try:
