@@ -29,7 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "jobs": {"config", "distributed", "train.cli", "train.summary", "reporting"},
     "sim": {"config", "jobs", "reporting", "models", "data"},  # models/data: a job's layout for calibration
     "ps": {"config", "models", "data", "sim", "reporting", "jobs"},
-    "lab": {"config", "jobs", "reporting", "sim"},
+    # The lab on several nodes: node 0 announces each run through jobs' launch hook; the others follow.
+    "nodes": {"config", "distributed", "jobs", "reporting"},
+    "lab": {"config", "jobs", "nodes", "reporting", "sim"},
     "ray": {"config", "train.run"},  # Ray Train's launcher of the run API: TRAINSCALE_ARGS is the run's channel
     "cli": {"*"},
     "__init__": {"config", "train"},

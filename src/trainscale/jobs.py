@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ API_HINT = ("the script wrote no run summary: it must use the run API -- add `ru
 
 
 _RESERVED = ("--json", "--nproc", "--log.progress", "--print-config", "--job.out")
+
+# Set by ``nodes.leading`` while node 0 leads a lab on several nodes: (command, env, label) of each multi-node run,
+# called before it is launched, so that the other nodes start their part of it.
+on_launch: Callable[[list[str], dict[str, str], str], None] | None = None
 
 
 def check_train_args(args: list[str]) -> Config:
@@ -179,10 +184,8 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)  # the lab is never itself a rank; each run launches its own
-    if spec.launcher.multi_node:  # the other nodes of a multi-node lab launch their part of it
-        from .nodes import announce
-
-        announce(spec.command(), spec.env(), spec.label)
+    if spec.launcher.multi_node and on_launch is not None:  # the other nodes of a lab launch their part of it
+        on_launch(spec.command(), spec.env(), spec.label)
     try:
         rc, out, err = communicate_or_kill(spec.command(), env, timeout)
     except subprocess.TimeoutExpired:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from . import jobs
 from .config import ConfigError
 from .jobs import LauncherOptions, communicate_or_kill
 from .reporting.console import err_console
@@ -34,7 +35,7 @@ __all__ = ["add_node_options", "launcher_options", "leading", "announce", "follo
 
 PORT_OFFSET = 1  # the lab's store listens on the master's port + this (the master's own port is each run's)
 PREFIX = "trainscale-lab/"
-_leader: Any = None  # node 0's store while it leads: run_train announces through it
+_leader: Any = None  # node 0's store while it leads
 
 
 def add_node_options(p: argparse.ArgumentParser) -> None:
@@ -99,12 +100,13 @@ def leading(opts: LauncherOptions, ack_s: float = 30.0) -> Iterator[None]:
         raise ConfigError("--master-port", opts.master_port or opts.rdzv_endpoint, f"the lab's store needs the port "
                           f"above it free on node 0 ({e})") from None
     _leader.set(PREFIX + "next", "0")
+    jobs.on_launch = announce
     ok = False
     try:
         yield
         ok = True
     finally:
-        store, _leader = _leader, None
+        store, _leader, jobs.on_launch = _leader, None, None
         k = int(store.get(PREFIX + "next"))
         store.set(PREFIX + f"run/{k}", json.dumps({"done": True, "ok": ok}))
         # The store lives in this process: wait (a little) until every other node has read the end.
@@ -114,9 +116,7 @@ def leading(opts: LauncherOptions, ack_s: float = 30.0) -> Iterator[None]:
 
 
 def announce(argv: list[str], env: dict[str, str], label: str) -> None:
-    """Node 0: the other nodes launch their part of this run (a no-op unless node 0 leads a multi-node lab)."""
-    if _leader is None:
-        return
+    """Node 0: the other nodes launch their part of this run (``jobs.on_launch`` while node 0 leads)."""
     k = int(_leader.get(PREFIX + "next"))
     _leader.set(PREFIX + f"run/{k}", json.dumps({"argv": argv, "env": env, "label": label}))
     _leader.set(PREFIX + "next", str(k + 1))
