@@ -514,8 +514,8 @@ class Config:
             # FSDP's parameters are all-gathered in forward: there is no step without communication to compare with.
             raise ConfigError("strategy.fsdp", True, "the ablate.comm, ablate.phases no_comm and ablate.compute "
                               "experiments do not run under FSDP (its forward all-gathers the parameters: no step "
-                              "runs without communication), so trainscale doctor cannot take the exchange out; "
-                              "measure FSDP with trainscale bench --nproc 1,N --timeline")
+                              "runs without communication); trainscale doctor measures FSDP's exposed "
+                              "communication per step instead")
         if s.pipeline_stages <= 1:
             return
         if self.data.batch_size % s.microbatches:

@@ -150,6 +150,36 @@ def test_without_contention_communication_keeps_its_time():
     assert res["invariants"] == []
 
 
+FSDP = {"units": 3, "allgather_bytes_per_step": 340_008.0, "reduce_scatter_bytes_per_step": 170_004.0,
+        "reshard_after_forward": True}
+
+
+def test_under_fsdp_the_exchange_is_its_measured_wait_in_collectives():
+    # FSDP has no step without communication: no no_comm runs. Its exposed wait (column 7: the training thread
+    # blocked outside its data wait) is 4 ms at 2 processes and 0.5 ms at 1; that difference is communication.
+    runs = {}
+    for r in range(2):
+        j = 1e-5 * r
+        one = part([rows(0.0105 + j, comm=0.0005)])
+        two = part([rows(0.0145 + j, comm=0.004), rows(0.0145 + j, comm=0.004)], 32)
+        for cfg in ("base", "no_data"):
+            runs.setdefault((cfg, 1), []).append({**one, "fsdp": FSDP})
+            runs.setdefault((cfg, 2), []).append({**two, "fsdp": FSDP})
+    ctx = {**CTX, "fsdp": True, "reshard_after_forward": True, "fsdp_reduce_dtype": "fp32"}
+    res = analyse(runs, 2, ctx, replicates=60)
+    c = {x["name"]: x for x in res["causes"]}
+    assert res["causes"][0]["name"] == "communication" and res["causes"][0]["significant"]
+    assert c["communication"]["seconds_per_step"] == pytest.approx(0.0035, abs=2e-4)
+    assert c["compute_interference"]["seconds_per_step"] == pytest.approx(0.0005, abs=2e-4)
+    assert "all-gather 0.34 MB and reduce-scatter 0.17 MB" in c["communication"]["evidence"]
+    assert c["communication"]["apply_flags"] == {"strategy.reshard_after_forward": "false"}
+    assert "framework_overhead" not in c  # the sleep test takes the exchange out too: not run under FSDP
+    assert res["invariants"] == []
+    # Gathered through backward already: the reduce-scatter in half the bytes is the next change.
+    c = {x["name"]: x for x in analyse(runs, 2, {**ctx, "reshard_after_forward": False}, replicates=0)["causes"]}
+    assert c["communication"]["apply_flags"] == {"strategy.fsdp_reduce_dtype": "bf16"}
+
+
 def test_the_rules_catch_a_dishonest_result():
     res = analyse(phased(n_runq=0.003), 2, CTX, replicates=60)
     assert violations(res) == []

@@ -3,6 +3,7 @@ false cause. Slow by nature (each doctor runs a dozen short jobs); small models,
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,29 @@ def test_tiny_buckets_are_named_and_apply_measures_the_gain(tmp_path):
     # Judged on throughput against the measured noise: a gain whose whole interval is above zero is adopted.
     assert a["decision"] == "adopt" and a["gain_interval"][0] > 0 and a["text"].endswith(": adopt")
     _check_report(tmp_path / "doc", doc)
+
+
+@pytest.mark.timeout(900)
+def test_an_fsdp_jobs_exchange_is_its_measured_wait_with_its_bytes(tmp_path):
+    # FSDP all-gathers in forward, so no step runs without communication: the doctor measures each step's
+    # exposed wait in the collectives instead of taking the exchange out, and names FSDP's bytes.
+    doc, r = doctor(tmp_path, *PLANTED, "--quick", "--strategy.fsdp", "true", "--model.depth", "8",
+                    "--model.width", "64")
+    assert all("--ablate.phases base,no_data " in x["command"] for x in doc["runs"]), doc["runs"]
+    assert not any(x["experiment"].startswith("sleep") for x in doc["runs"])
+    comm = next(c for c in doc["causes"] if c["name"] == "communication")
+    assert comm["evidence"].startswith("FSDP over 9 unit(s): all-gather "), comm["evidence"]
+    assert comm["apply_flags"] == {"strategy.reshard_after_forward": "false"}
+
+    def exposed(k):  # the median measured wait in collectives of rank 0's no_data steps, at k processes
+        s = read_json(tmp_path / "doc" / "runs" / f"phases_n{k}_r0.json")
+        return statistics.median(row[7] for row in s["phases"]["no_data"]["rank_steps"][0])
+    assert exposed(2) > exposed(1) >= 0
+    top = first(doc)
+    if top["name"] == "cpu_contention":  # beside other work: the ranks' wait for a core inside the collectives
+        assert max(top["moved_from"], key=lambda m: m["s"])["cause"] == "communication", doc["causes"]
+    else:
+        assert top is comm, doc["causes"]
 
 
 def _check_report(out, doc):

@@ -149,11 +149,3 @@ def test_cli_refuses_before_launching(args, line):
     assert r.rc == 2
     assert r.err.strip().splitlines() == [line]
     assert "Distributed environment" not in r.out  # no rank was started
-
-
-@pytest.mark.timeout(60)
-def test_the_doctor_says_why_it_cannot_take_fsdps_exchange_out(tmp_path):
-    r = run_cli(["doctor", "--nproc", "2", "--out", str(tmp_path / "d"), "--strategy.fsdp", "true"], timeout=50)
-    assert r.rc == 2 and not (tmp_path / "d").exists()  # refused before any run, nothing written
-    (last,) = r.err.strip().splitlines()
-    assert last.startswith("trainscale doctor: strategy.fsdp = True:") and "trainscale bench --nproc 1,N" in last

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from trainscale.data.loader import PREFETCH_THREAD
+from trainscale.strategies.comm import CommMeter
 from trainscale.train.instruments.accounting import BLOCK, Accounting
 from trainscale.train.instruments.clocks import estimate_offset, measure_offset
 from trainscale.train.instruments.schedstat import TaskStat, ThreadSet, available, classify_thread
@@ -132,7 +133,7 @@ def test_accounting_rows_spread_each_block_of_other_threads_evenly():
     finally:
         t.stop.set()
         t.join(10)
-    rows = [acct.row(i) for i in range(9)]
+    rows = [acct.row(i, 0.0, 0.0) for i in range(9)]
     assert len(rows) == 9 and all(len(r) == 5 for r in rows)
     for block in (rows[0:3], rows[3:6], rows[6:9]):
         others = [r[1] - r[0] for r in block]  # runq_crit - runq_main: the backend threads' share
@@ -145,6 +146,30 @@ def test_accounting_rows_spread_each_block_of_other_threads_evenly():
     assert sum(r[0] for r in rows) == pytest.approx(9 * rep["runq_s"]["main"], rel=1e-6)
     acct.schedule(warm=0, block=0)  # no phase plan: the default block
     assert acct.block == BLOCK
+
+
+def test_under_fsdp_the_exposed_wait_is_the_blocked_time_outside_the_data_wait():
+    meter = CommMeter()
+    meter.blocked_is_exposed = True  # as FSDP's strategy sets it: no gradient seam to time from
+    acct = Accounting(0, meter, True, 0.0, 0.0)
+    acct.schedule(warm=1, block=2)
+    acct.loop_starts(time.perf_counter())
+    steps = []
+    t_prev = time.perf_counter()
+    for step in range(1, 6):  # step 1 is warm-up, as in a run: the reads start from its end
+        time.sleep(0.004)  # "waiting for data"
+        sum(i * i for i in range(20_000))  # on CPU: not communication
+        time.sleep(0.012)  # "waiting in a collective"
+        acct.step_done(step, step > 1, t_prev)
+        now = time.perf_counter()
+        steps.append(now - t_prev)
+        t_prev = now
+    acct.end()
+    steps = steps[1:]
+    comm = [acct.row(i, steps[i], 0.004)[3] for i in range(4)]
+    # 12 ms blocked beyond the data wait; sleeps overshoot and a busy machine adds run-queue wait, not this.
+    assert all(0.010 <= c <= 0.012 + 0.010 for c in comm), comm
+    assert Accounting(0, CommMeter(), True, 0.0, 0.0).comm_blocked is False  # DDP: its gradient hooks time it
 
 
 def test_offset_estimate_lies_within_its_bound_of_the_truth():

@@ -18,6 +18,9 @@ communication is its own cause, ``sync_wait``, since no change to the exchange r
 The straggler is the slowest rank's extra compute in the base configuration (the others wait for it); the
 part of it that appears only with data or communication on is taken out of those two terms, so the sum holds.
 
+Under FSDP no step runs without communication: ``no_comm`` is derived from ``no_data`` less each step's measured
+exposed wait in the collectives (``measured_exchange``), and there is no sleep test.
+
 The configurations are the phases of one run (``ablate.phases``), so each difference is paired. Job time of
 a phase is its slowest rank's step time (ranks without communication are decoupled): the median over cycles
 of each cycle's mean step, steps clipped at 5x the median (``stats.block_step_time``), so that a cost paid
@@ -45,7 +48,7 @@ from .stats import critical_data_wait, job_step_time, max_rank_gap, median, medi
 from .suggest import suggest
 
 __all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load",
-           "cpu_contention"]
+           "cpu_contention", "measured_exchange"]
 
 CONFIGS: dict[str, list[str]] = {
     "base": [],
@@ -192,6 +195,41 @@ def _causes(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
                     "t1": median(tm.t["base", 1]), "tn": median(tm.t["base", n]), "R": tm.R}
 
 
+def measured_exchange(runs: Runs) -> Runs:
+    """``runs`` with a ``no_comm`` configuration where FSDP could not run one: its ``no_data`` steps less each
+    step's measured exposed communication (``rank_steps`` column 7, the training thread blocked outside its data
+    wait; NaN off CPU counts as none).
+
+    FSDP all-gathers the parameters each unit computes with, so no step runs without communication; what
+    removing the exchange would save is what the step waited for it, measured per step. The rows keep their
+    cycles, so the bootstrap resamples the derived configuration with the ones it comes from.
+    """
+    def without_exchange(row: list[float]) -> list[float]:
+        exposed = row[7] if len(row) > 7 and math.isfinite(row[7]) else 0.0
+        return [row[0], row[1] - exposed, *row[2:]]
+
+    out = dict(runs)
+    for (cfg, k), parts in runs.items():
+        if cfg == "no_data" and ("no_comm", k) not in runs and parts and parts[0].get("fsdp"):
+            out[("no_comm", k)] = [{**p, "rank_steps": [[without_exchange(r) for r in rows]
+                                                        for rows in p.get("rank_steps") or []]} for p in parts]
+    return out
+
+
+def _exchange_evidence(base_n: dict[str, Any], t: dict[tuple[str, int], list[float]], n: int) -> str:
+    """What the exchange is and what taking it out saves: DDP's all-reduces, or FSDP's measured waits."""
+    saved = (f"{_ms(median(t['no_data', n]) - median(t['no_comm', n]))} ms/step at {n} processes vs "
+             f"{_ms(median(t['no_data', 1]) - median(t['no_comm', 1]))} ms at 1")
+    f = base_n.get("fsdp")
+    if not f:
+        return (f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
+                f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves {saved}")
+    return (f"FSDP over {f['units']} unit(s): all-gather {f['allgather_bytes_per_step'] / 1e6:.2f} MB and "
+            f"reduce-scatter {f['reduce_scatter_bytes_per_step'] / 1e6:.2f} MB per step and rank (reshard after "
+            f"forward {str(f['reshard_after_forward']).lower()}); exposed, measured as the training thread's wait "
+            f"in collectives (blocked, outside its data wait): {saved}")
+
+
 def _exchange_side(tm: _Terms, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Input, communication and sync_wait: what removing the data, then the exchange, saves at N beyond at 1.
 
@@ -218,10 +256,7 @@ def _exchange_side(tm: _Terms, ctx: dict[str, Any]) -> list[dict[str, Any]]:
                f"{_ms(median(t['base', 1]) - median(t['no_data', 1]))} ms at 1", *suggest("input", ctx),
                waited_per_repeat_s=waited_r),
         _cause("communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]],
-               tm.loss, f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
-               f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves "
-               f"{_ms(median(t['no_data', n]) - median(t['no_comm', n]))} ms/step at {n} processes",
-               *suggest("communication", ctx)),
+               tm.loss, _exchange_evidence(base_n, t, n), *suggest("communication", ctx)),
         _cause("sync_wait", sync_r, [se["no_data", n]], tm.loss,
                f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from "
                f"step to step (p10-p90 spread per rank: {', '.join(spread)}), so the ranks wait "
@@ -320,6 +355,7 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, mi
     """
     from .bootstrap import block_times, bootstrap, interval, outlier_count, verdict
 
+    runs = measured_exchange(runs)
     causes, tot = _causes(block_times(runs), n, ctx, profiles, threads)
     loss, tn = tot["loss"], tot["tn"]
     phased = any(p.get("rank_steps") for parts in runs.values() for p in parts)

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..config import PHASES, ConfigError, apply_overrides, config_to_dict
+from ..config import PHASES, ConfigError, config_to_dict
 from ..jobs import LauncherOptions, RunFailed, check_train_args, split_script
 from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
@@ -110,8 +110,8 @@ def main(argv: list[str]) -> int:
     launcher = launcher_options(args)
     _check(args, nodes(launcher))
     cfg = check_train_args(rest)
-    if cfg.strategy.fsdp:  # refused before any run, with the line a script's phased run would end with
-        apply_overrides(cfg, {"ablate.phases": ",".join(PHASES)})
+    if cfg.strategy.fsdp and cfg.job.device != "cpu":
+        _fsdp_on_cpu()
     if launcher.node_rank > 0:  # node 0 runs the experiments and writes the report; this node takes part
         return follow(launcher, args.timeout)
     if cfg.strategy.pipeline_stages > 1:
@@ -129,8 +129,11 @@ def main(argv: list[str]) -> int:
                                "nproc": world, "nnodes": nodes(launcher), "repeat": args.repeat,
                                "train_args": rest, "script": script,
                                "threads_per_process": threads, "budget_s": plan.budget, "train": config_to_dict(cfg)}}
-    steps = cfg.log.skip_first + args.cycles * len(PHASES) * args.phase_steps
-    phased = ["--ablate.phases", ",".join(PHASES), "--ablate.phase_steps", str(args.phase_steps), "--steps", str(steps)]
+    # FSDP gathers parameters in forward: no step runs without communication, so its exposed wait is measured
+    # per step instead (analysis.measured_exchange).
+    phases = [p for p in PHASES if not (cfg.strategy.fsdp and p == "no_comm")]
+    steps = cfg.log.skip_first + args.cycles * len(phases) * args.phase_steps
+    phased = ["--ablate.phases", ",".join(phases), "--ablate.phase_steps", str(args.phase_steps), "--steps", str(steps)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar, LoadMonitor() as load, leading(launcher):
@@ -158,6 +161,16 @@ def main(argv: list[str]) -> int:
         print_result(doc)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _fsdp_on_cpu() -> None:
+    """FSDP's exchange is measured as the training thread's wait in Gloo's collectives: a GPU's waits are the
+    device's, which the host does not see."""
+    import torch
+    if torch.cuda.is_available():
+        raise ConfigError("strategy.fsdp", True, "on a GPU the doctor cannot measure FSDP's exposed communication "
+                          "(the host does not see the device's waits): add --job.device cpu, or measure its "
+                          "scaling with trainscale bench --nproc 1,N --timeline")
 
 
 def _check(args: argparse.Namespace, nnodes: int = 1) -> None:
@@ -204,8 +217,9 @@ def _second_level(lab: Lab, runs: dict[tuple[str, int], list[dict[str, Any]]], n
     """The sleep test, operator profiles at 1 and N, thread trials: which part of compute is slower at N."""
     w = lab.world(n, True)
     cands = thread_candidates(runs[("base", w)][0].get("threads") or 1, n, cores())
-    lab.expect(2 * repeats + 2 + len(cands) * repeats)
-    for r in range(repeats):
+    sleep_test = not runs[("base", w)][0].get("fsdp")  # the sleep test takes the exchange out: not under FSDP
+    lab.expect(2 * repeats * sleep_test + 2 + len(cands) * repeats)
+    for r in range(repeats * sleep_test):
         # The sleep test: the N-process run sleeps the durations calibrated at 1 process, so an operator that is
         # slow only at N stays compute, and what remains is the framework's own cost.
         one = lab.run("sleep", 1, CONFIGS["sleep"], r)

@@ -18,6 +18,8 @@ def context_from_config(cfg: Any) -> dict[str, Any]:
             cfg.data.sample_delay_ms, "threads_cfg": cfg.job.threads,
             "compression": getattr(cfg.strategy, "compression", "none"),
             "local_sgd_period": getattr(cfg.strategy, "local_sgd_period", 0),
+            "fsdp": cfg.strategy.fsdp, "reshard_after_forward": cfg.strategy.reshard_after_forward,
+            "fsdp_reduce_dtype": cfg.strategy.fsdp_reduce_dtype,
             "strategy_fields": [f.name for f in dataclasses.fields(cfg.strategy)],
             "data_fields": [f.name for f in dataclasses.fields(cfg.data)]}
 
@@ -25,6 +27,8 @@ def context_from_config(cfg: Any) -> dict[str, Any]:
 def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """(advice, flags that ``--apply`` can try); flags are empty when the fix is outside the job's options."""
     sf, df = ctx.get("strategy_fields", []), ctx.get("data_fields", [])
+    if cause == "communication" and ctx.get("fsdp"):
+        return _fsdp_exchange(ctx)
     if cause == "communication":
         bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
         if isinstance(bucket, (int, float)) and bucket < 25 and calls != 1:
@@ -82,3 +86,17 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     if cause == "threads":
         return f"use --job.threads {ctx.get('threads')}", {"job.threads": str(ctx.get("threads"))}
     return "", {}
+
+
+def _fsdp_exchange(ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """FSDP's exchange: gather once per step where memory allows, else reduce in half the bytes, else amortise."""
+    if ctx.get("reshard_after_forward", True):
+        return ("keep each unit's parameters gathered from forward to backward: --strategy.reshard_after_forward "
+                "false (one all-gather per unit and step instead of two; each rank then holds the whole "
+                "unsharded parameters through backward)", {"strategy.reshard_after_forward": "false"})
+    if ctx.get("fsdp_reduce_dtype", "fp32") == "fp32":
+        return ("reduce-scatter gradients in bf16: --strategy.fsdp_reduce_dtype bf16 (half the bytes; the "
+                "sharded update stays fp32)", {"strategy.fsdp_reduce_dtype": "bf16"})
+    batch = 2 * int(ctx.get("batch_size", 32))
+    return (f"amortise each step's gathers over more samples with a larger per-device batch (--batch-size {batch}, "
+            "with --optim.lr_scaling linear)", {"data.batch_size": str(batch)})

@@ -337,6 +337,7 @@ def apply_fsdp_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig,
     fsdp = apply_fsdp(model, env, cfg)
     meter = CommMeter()  # no gradient hooks: FSDP sets the sharded gradients itself, after the reduce-scatter
     meter.fixed_bytes = fsdp.allgather_bytes + fsdp.reduce_scatter_bytes
+    meter.blocked_is_exposed = True
     p = Strategy(model, model, autocast, scaler, meter, env.world_size, True)
     p.fsdp = fsdp
     p.amp = cfg.amp != "none" or cfg.fsdp_param_dtype != "fp32"

@@ -24,7 +24,7 @@ class CommMeter:
     """
 
     __slots__ = ("fixed_bytes", "fixed_calls", "counted", "_bytes", "_calls", "step_bytes", "step_calls",
-                 "_t_grad", "waits", "_handles")
+                 "_t_grad", "waits", "_handles", "blocked_is_exposed")
 
     def __init__(self) -> None:
         self.fixed_bytes: float | None = None
@@ -36,6 +36,10 @@ class CommMeter:
         self._t_grad = 0.0
         self.waits: list[float] = []
         self._handles: list[Any] = []
+        # FSDP: collectives all through forward and backward, no gradient seam to time from. On CPU the training
+        # thread blocks (off-CPU) only in its data wait and in the collectives' waits, so the accounting measures
+        # the exposed communication as the step's off-CPU, not-runnable time outside the data wait.
+        self.blocked_is_exposed = False
 
     def collective(self, kind: str, nbytes: int, group_size: int, calls: int = 1) -> None:
         """Record a collective of ``nbytes`` (full tensor) among ``group_size`` ranks (``calls`` launches)."""

@@ -211,7 +211,8 @@ class Instruments:
         from ..summary import median_spread
         compute = self.clock.values()
         acct = self.accounting
-        extra = [acct.row(i) if acct is not None else list(NAN_ROW) for i in range(len(self.step_times))]
+        extra = [acct.row(i, self.step_times[i], self.waits[i]) if acct is not None else list(NAN_ROW)
+                 for i in range(len(self.step_times))]
         phases = local_phase_stats(self.marks, self.step_times, self.waits, compute, self.cycles, extra) \
             if self.plan else {}
         cpu = self.cpu_s / len(self.step_times) if self.step_times else float("nan")

@@ -7,7 +7,8 @@ Per measured step, this rank records
   loader's and its workers' waits show as data wait instead), and the on-CPU time of all its threads and its
   workers' processes, from the kernel's schedstat (``schedstat.py``);
 - the exposed communication wait of the step (``CommMeter``: from the last gradient to the end of the
-  exchange; CPU only);
+  exchange; under FSDP, whose collectives run all through the step, the training thread's time neither
+  running nor runnable outside its data wait; CPU only);
 - when its last gradient became ready, on a clock common to all ranks (``clocks.py``): the rank that
   arrives last at the step's collective is the one the others waited for.
 
@@ -60,6 +61,7 @@ class Accounting:
         self.rank, self.meter, self.offset, self.bound = rank, meter, offset, bound
         self.hooked = meter is not None and meter.hooked
         self.comm_measured = comm_measured and self.hooked
+        self.comm_blocked = comm_measured and bool(getattr(meter, "blocked_is_exposed", False))  # FSDP on CPU
         self.reason = available()
         self.warm, self.block = 0, BLOCK
         self.origin = math.nan  # the loop's start, on rank 0's clock
@@ -179,11 +181,14 @@ class Accounting:
         self._fd = None
 
     # ---- results
-    def row(self, i: int) -> list[float]:
-        """Columns 4-8 of measured step ``i``'s ``rank_steps`` row (arrival on rank 0's clock, not yet shifted)."""
+    def row(self, i: int, step_s: float, wait_s: float) -> list[float]:
+        """Columns 4-8 of measured step ``i``'s ``rank_steps`` row (arrival on rank 0's clock, not yet shifted);
+        ``step_s`` and ``wait_s``: that step's time and data wait."""
         if i >= len(self._steps):
             return list(NAN_ROW)
         cpu, runq, arrival, comm = self._steps[i]
+        if self.comm_blocked:  # neither running nor runnable, and not waiting for data: in a collective's wait
+            comm = max(0.0, step_s - wait_s - (cpu + runq) * 1e-9)
         o_cpu, o_runq = self._others[i] if i < len(self._others) else (math.nan, math.nan)
         return [runq * 1e-9, (runq + o_runq) * 1e-9, (cpu + o_cpu) * 1e-9, comm, arrival]
 
