@@ -5,8 +5,9 @@ veth pair whose two ends' egress is limited by ``tc qdisc ... tbf`` to ``--rate`
 netem for delay). Each node's ``trainscale launch --nnodes 2`` runs inside its namespace (``ip netns exec``)
 with a static rendezvous on node 0's veth address and ``GLOO_SOCKET_IFNAME`` set to its veth. At each model
 width the same job runs flat and hierarchical (``--strategy.hierarchical true``: node membership from the
-launcher); then ``trainscale plan calibrate`` (on this host) and ``trainscale plan`` with the slow link as
-``--inter`` forecast both. Needs root and ``ip``/``tc``; the namespaces and links are removed even on failure.
+launcher); then ``trainscale plan calibrate --nnodes 2`` across the two nodes (the same command in each
+namespace: each node's own all-reduce, the all-reduce over both, the link alone) and ``trainscale plan
+--calibration`` forecast both. Needs root and ``ip``/``tc``; the namespaces and links are removed even on failure.
 
     python benchmarks/slow_link.py --rate 200mbit --widths 256,1024,2048 --steps 12
 
@@ -169,25 +170,30 @@ def _cli(*argv: str, timeout: float = 900) -> str:
     return p.stdout
 
 
-def forecast(cal: Path, rate_gbps: float, hierarchical: bool, out: Path) -> dict:
-    """``trainscale plan`` of 2 nodes x 2 at the calibrated 1-process step, the slow link as ``--inter``."""
-    c = json.loads(cal.read_text())
-    step_1 = c["single"]["1"]["step_s"]  # a rank's step at the 1 thread each of the 4 ranks gets here
-    batch = int(c["job"]["data.batch_size"])
-    argv = ["plan", "--calibration", str(cal), "--gpu", "V100", "--samples-per-s-1", f"{batch / step_1:.3f}",
-            "--gpus-per-node", "2", "--nodes", "2", "--intra", f"{_loopback_gbs(c):.3f}GB/s",
-            "--inter", f"{rate_gbps:g}gbps", "--out", str(out), "--json", str(out / "plan.json"),
+def calibrate_two_nodes(link: Link, job: list[str], cal: Path, timeout: float = 900) -> None:
+    """``trainscale plan calibrate --nproc 2`` across the two nodes: the same command in each namespace."""
+    commands: list[tuple[list[str], dict[str, str]]] = []
+    for k in (0, 1):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": link.veth[k], "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        argv = ["ip", "netns", "exec", link.ns[k], sys.executable, "-m", "trainscale", "plan", "calibrate",
+                "--nproc", "2", "--nnodes", "2", "--node-rank", str(k), "--master-addr", link.addr[0],
+                "--master-port", "29600", "--out", str(cal) if k == 0 else str(cal) + ".node1", *job]
+        commands.append((argv, env))
+    procs, outs = _both_nodes(commands, timeout)
+    if any(p.returncode for p in procs) or not cal.is_file():
+        raise RuntimeError(f"calibration across the nodes failed ({[p.returncode for p in procs]}):\n"
+                           + "\n".join(o[-2000:] for o in outs))
+
+
+def forecast(cal: Path, hierarchical: bool, out: Path) -> dict:
+    """``trainscale plan`` of 2 nodes x 2 from the calibration measured across the two nodes."""
+    argv = ["plan", "--calibration", str(cal), "--nproc", "4", "--out", str(out), "--json", str(out / "plan.json"),
             *(["--hierarchical"] if hierarchical else [])]
     _cli(*argv)
     doc = json.loads((out / "plan.json").read_text())
     point = next(p for p in doc["points"] if p["world_size"] == 4)
     return {"step_s": point["step_time_s"], "comm_s": point["comm_exposed_s"], "bound": point["bound"],
-            "argv": argv}
-
-
-def _loopback_gbs(cal: dict) -> float:
-    """This host's all-reduce bandwidth between 2 processes (1 / beta of the calibrated Gloo fit), in GB/s."""
-    return 1.0 / cal["allreduce"]["2"]["beta"] / 1e9
+            "nodes": point["nodes"], "argv": argv}
 
 
 def rate_gbps(rate: str) -> float:
@@ -211,7 +217,7 @@ def main() -> None:
         raise SystemExit(f"slow_link: cannot make network namespaces here: {reason}")
     if a.steps < 4:
         raise SystemExit(f"slow_link: --steps {a.steps}: at least 4 (the first steps are not timed)")
-    gbps = rate_gbps(a.rate)
+    rate_gbps(a.rate)  # checked before any namespace is made
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         d = stack.enter_context(tempfile.TemporaryDirectory())
@@ -235,10 +241,10 @@ def main() -> None:
             if not a.no_plan:
                 cal = Path(d) / f"cal{w}.json"
                 # The lab sets progress and steps itself: the job's model and data only.
-                _cli("plan", "calibrate", "--nproc", "2", "--out", str(cal), *JOB[:-2], "--model.width", str(w))
+                calibrate_two_nodes(link, [*JOB[:-2], "--model.width", str(w)], cal)
                 row["grad_mb"] = json.loads(cal.read_text())["params"] * 4 / 1e6
                 for mode in ("flat", "hier"):
-                    f = forecast(cal, gbps, mode == "hier", Path(d) / f"plan-{mode}{w}")
+                    f = forecast(cal, mode == "hier", Path(d) / f"plan-{mode}{w}")
                     row[mode]["forecast_s"], row[mode]["forecast_bound"] = f["step_s"], f["bound"]
                     row[mode]["plan_command"] = " ".join(["trainscale", *f["argv"]])  # the inputs, to re-type
                     row[mode]["forecast_error"] = f["step_s"] / row[mode]["step_s"] - 1

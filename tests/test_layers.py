@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     # The run's MFU reads the planner's GPU catalogue (one table of peaks, shared; no torch there).
     "train": {"config", "distributed", "models", "data", "strategies", "reporting", "sim.hardware"},
     "jobs": {"config", "distributed", "train.cli", "train.summary", "reporting"},
-    "sim": {"config", "jobs", "reporting", "models", "data"},  # models/data: a job's layout for calibration
+    # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do.
+    "sim": {"config", "jobs", "nodes", "reporting", "models", "data"},
     "ps": {"config", "models", "data", "sim", "reporting", "jobs"},
     # The lab on several nodes: node 0 announces each run through jobs' launch hook; the others follow.
     "nodes": {"config", "distributed", "jobs", "reporting"},

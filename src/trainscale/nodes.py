@@ -1,4 +1,5 @@
-"""The lab on several nodes: ``trainscale bench`` and ``trainscale doctor`` run as the same command on every node.
+"""The lab on several nodes: ``trainscale bench``, ``doctor`` and ``plan calibrate`` run as the same command on
+every node.
 
 Node 0 runs the experiments: it decides what to run next from what it measured (the doctor's repeats and its
 second level depend on the analysis), and only it reads the summaries, which rank 0 writes there. Before it

@@ -117,3 +117,23 @@ def test_a_taken_lab_port_is_one_line_and_leaves_no_folder(tmp_path):
                      str(port), "--out", str(tmp_path / "b"), *JOB], timeout=60)
     assert r.rc == 2 and f"--master-port = {port}: the lab's store needs the port above it free" in r.err, r.text
     assert "Traceback" not in r.text and not (tmp_path / "b").exists()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_plan_calibrate_on_two_nodes_measures_the_link_and_forecasts_them(tmp_path):
+    cmd = ["plan", "calibrate", "--nproc", "2", "--model", "mlp", "--data", "digits", "--steps", "12",
+           "--data.eval_size", "0"]
+    codes, texts = on_two_nodes(cmd, tmp_path, timeout=280)
+    assert codes == [0, 0], "\n----\n".join(texts)
+    cal = json.loads((tmp_path / "node0").read_text())
+    # This node's all-reduce at 2; over both nodes at 2 per node and at 1 per node (the link alone).
+    assert (cal["nnodes"], set(cal["allreduce"]), set(cal["across"])) == (2, {"2"}, {"1", "2"})
+    assert set(cal["replay"]) == {"2", "4"} and all(v["beta"] >= 0 for v in cal["across"].values())
+    assert "took part in 2 run(s); node 0 writes the report" in texts[1], texts[1]
+    assert not (tmp_path / "node1").exists()  # one file, node 0's
+    r = run_cli(["plan", "--calibration", str(tmp_path / "node0"), "--nproc", "2,4", "--out", str(tmp_path / "p"),
+                 "--json", str(tmp_path / "p.json")], timeout=60)
+    assert r.rc == 0, r.text
+    assert [(p["world_size"], p["nodes"]) for p in json.loads((tmp_path / "p.json").read_text())["points"]] == \
+        [(2, 1), (4, 2)]

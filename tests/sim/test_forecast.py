@@ -142,3 +142,28 @@ def test_fsdp_is_forecast_on_its_own():
         main(["--params", "25M", "--samples-per-s-1", "100", "--batch-size", "8", "--gpu", "H100",
               "--fsdp-units", "4", "--zero1"])
     assert str(e.value) == "--fsdp-units = 4: FSDP is forecast on its own, not with --zero1"
+
+
+def test_a_calibration_across_nodes_forecasts_flat_and_hierarchical_from_its_measured_parts(tmp_path):
+    # What `plan calibrate --nproc 2 --nnodes 2` measures: the node's own all-reduce at 2 processes, the
+    # all-reduce over both nodes' 4 processes (flat) and the link alone (1 process per node).
+    fit = {"2": {"alpha": 7e-4, "beta": 6e-10}, "across": {"1": {"alpha": 5e-4, "beta": 1.3e-9, "cpu_alpha": 4e-4,
+                                                               "cpu_beta": 8e-10},
+                                                         "2": {"alpha": 6e-3, "beta": 1.9e-9, "cpu_alpha": 1.7e-3,
+                                                               "cpu_beta": 8e-10}}}
+    cal = Calibration({"model.name": "mlp", "data.batch_size": 32}, [], 10, [40.0], 0.0, 1.0, 2,
+                      {"1": {"step_s": 0.01, "compute_s": 0.008}},
+                      allreduce={"2": {**fit["2"], "cpu_alpha": 2e-4, "cpu_beta": 7e-10}}, share={"2": 0.4},
+                      nnodes=2, across=fit["across"])
+    cal.save(tmp_path / "cal.json")
+    c = Calibration.load(tmp_path / "cal.json").cluster(4)
+    n = 4e6
+    assert c.gpus_per_node == 2  # a node holds what was calibrated on each, whatever --nproc asks
+    assert c.allreduce_s(n, 2) == pytest.approx(7e-4 + 6e-10 * n)  # within a node: the node's own fit
+    assert c.allreduce_s(n, 4) == pytest.approx(6e-3 + 1.9e-9 * n)  # flat over both nodes: measured as such
+    # Hierarchical: the node's all-reduce (reduce-scatter + all-gather) and the inter-node one on the same bytes.
+    assert c.allreduce_s(n, 4, hierarchical=True) == pytest.approx(7e-4 + 6e-10 * n + 5e-4 + 1.3e-9 * n)
+    assert c.comm_cpu_s(n, 4) == pytest.approx(1.7e-3 + 8e-10 * n)
+    assert c.comm_cpu_s(n, 4, hierarchical=True) == pytest.approx(2e-4 + 7e-10 * n + 4e-4 + 8e-10 * n)
+    assert c.allreduce_s(n, 8) > c.allreduce_s(n, 4)  # 4 nodes: the ring shape beyond the measured 2
+    assert c.job_at(Job("j", 10, 32, 0.01, 0.008), 4)[1] == c.job_at(Job("j", 10, 32, 0.01, 0.008), 2)[1]

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..about import available_cores
 from ..config import ConfigError, config_to_dict
+from ..jobs import LauncherOptions
 from .calibration import Calibration, fit_alpha_beta, job_key
 
 __all__ = ["calibrate", "model_layout"]
@@ -86,17 +87,23 @@ def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float 
             "buffer_bytes": layout["buffer_bytes"] if layout["broadcast_buffers"] else 0.0}
 
 
-def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun)."""
+def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None = None,
+           launcher: LauncherOptions | None = None) -> dict[str, Any]:
+    """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun); with a
+    multi-node ``launcher``, ``nproc`` on every node (the other nodes follow: ``trainscale.nodes``)."""
+    from .. import jobs
+
+    nodes = launcher.argv() if launcher and launcher.multi_node else []
     with tempfile.TemporaryDirectory(prefix="trainscale-probe-") as tmp:
         out = Path(tmp) / "probe.json"
-        cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), "-m",
+        cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), *nodes, "-m",
                "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
         if sk:
             cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        from ..jobs import communicate_or_kill
-
+        if nodes and jobs.on_launch is not None:
+            jobs.on_launch(cmd, {}, f"all-reduce probe, {nproc} process(es) per node")
+        communicate_or_kill = jobs.communicate_or_kill
         try:
             rc, stdout, stderr = communicate_or_kill(cmd, env, timeout)  # its ranks too, whatever ends it
         except subprocess.TimeoutExpired:
@@ -149,12 +156,31 @@ def _inflation(at_p: list[float], at_1: list[float]) -> dict[str, Any]:
     return {"cpu_s": mean, "rank_cpu_s": at_p, "single_cpu_s": one, "ratio": ratio, "factor": max(1.0, ratio)}
 
 
+def _fitted(d: dict[str, Any]) -> dict[str, Any]:
+    """A probe's all-reduce times and CPU seconds per size as alpha-beta fits, with their points."""
+    ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
+    cpu, _ = fit_alpha_beta([tuple(x) for x in d["allreduce_cpu"]])
+    return {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
+            "threads": d.get("threads"), "cpu_alpha": cpu.alpha, "cpu_beta": cpu.beta,
+            "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
+
+
+def _said(say: Callable[[str], None], f: dict[str, Any], rest: str) -> None:
+    beta = f["beta"]
+    say(f"  alpha {f['alpha'] * 1e6:.0f} us, beta {beta * 1e9:.3f} ns/B "
+        f"({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), residual {f['residual']:.0%}, "
+        f"CPU {f['cpu_alpha'] * 1e6:.0f} us + {f['cpu_beta'] * 1e9:.3f} ns/B per call{rest}")
+
+
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
-              say: Callable[[str], None] = print, with_base: bool = True, interference: bool = False) -> Calibration:
+              say: Callable[[str], None] = print, with_base: bool = True, interference: bool = False,
+              launcher: LauncherOptions | None = None) -> Calibration:
     """Measure the job and this machine; write and return the calibration (nothing written on failure).
 
     ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times);
-    ``interference=True`` also measures the job at 1 and at P ranks without the exchange (:func:`_inflation`).
+    ``interference=True`` also measures the job at 1 and at P ranks without the exchange (:func:`_inflation`);
+    a multi-node ``launcher``: the all-reduce and the skeleton also at P processes on every node, and the link
+    between nodes alone (1 process on each); the 1-process runs stay on this node.
     """
     from ..jobs import check_train_args
 
@@ -184,27 +210,37 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
             inflation[str(p)] = _inflation(at_p, alone[t])
             say(f"  CPU per step {inflation[str(p)]['cpu_s'] * 1e3:.2f} ms, x{inflation[str(p)]['ratio']:.3f} "
                 "the 1-process run's")
-    allreduce, share, replay = {}, {}, {}
+    allreduce: dict[str, dict[str, Any]] = {}
+    across: dict[str, dict[str, Any]] = {}
+    share: dict[str, float] = {}
+    replay: dict[str, dict[str, Any]] = {}
+    multi = launcher is not None and launcher.multi_node
+    nn = int(str(launcher.nnodes).split(":")[-1]) if launcher is not None and multi else 1
     for p in (n for n in nprocs if n > 1):
-        say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes")
         t = max(1, n_cores // p)
         sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
-        d = _probe(p, timeout, t, sk)
-        ab, resid = fit_alpha_beta([tuple(x) for x in d["allreduce"]])
-        cpu, _ = fit_alpha_beta([tuple(x) for x in d["allreduce_cpu"]])
-        allreduce[str(p)] = {"alpha": ab.alpha, "beta": ab.beta, "residual": resid, "points": d["allreduce"],
-                             "threads": d.get("threads"), "cpu_alpha": cpu.alpha, "cpu_beta": cpu.beta,
-                             "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
-        share[str(p)] = float(d["share"])
-        replay[str(p)] = {**d["skeleton"], "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"],
-                          "buckets": len(sk["buckets"]), "threads": t, "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
+        for world, opts in ((p, None), (p * nn, launcher)) if multi else ((p, None),):
+            say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes"
+                + (f" on each of {nn} nodes" if opts else ""))
+            d = _probe(p, timeout, t, sk, opts)
+            (across if opts else allreduce)[str(p)] = f = _fitted(d)
+            if not opts:
+                share[str(p)] = float(d["share"])
+            replay[str(world)] = {**d["skeleton"], "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"],
+                                  "buckets": len(sk["buckets"]), "threads": t,
+                                  "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
+            commands.append(d["command"])
+            _said(say, f, f", core share {float(d['share']):.2f}, skeleton step "
+                          f"{replay[str(world)]['step_s'] * 1e3:.1f} ms")
+    if multi:
+        say(f"calibrate: the link between nodes, 1 process on each of {nn} nodes")
+        d = _probe(1, timeout, n_cores, None, launcher)
+        across["1"] = f = _fitted(d)
         commands.append(d["command"])
-        say(f"  alpha {ab.alpha * 1e6:.0f} us, beta {ab.beta * 1e9:.3f} ns/B ({1 / ab.beta / 1e9 if ab.beta else float('inf'):.2f} GB/s), "
-            f"residual {resid:.0%}, CPU {cpu.alpha * 1e6:.0f} us + {cpu.beta * 1e9:.3f} ns/B per call, "
-            f"core share {share[str(p)]:.2f}, skeleton step {replay[str(p)]['step_s'] * 1e3:.1f} ms")
+        _said(say, f, "")
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, share,
-                      machine=f"{platform.node()}, {n_cores} cores", commands=commands, replay=replay,
-                      inflation=inflation)
+                      machine=f"{platform.node()}, {n_cores} cores" + (f" per node, {nn} nodes" if multi else ""),
+                      commands=commands, replay=replay, inflation=inflation, nnodes=nn, across=across)
     cal.save(out)
     return cal

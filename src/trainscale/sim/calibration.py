@@ -70,6 +70,8 @@ class Calibration:
     share: dict[str, float] = field(default_factory=dict)               # P -> core share of each of P busy ranks
     replay: dict[str, dict[str, Any]] = field(default_factory=dict)     # P -> the job's skeleton step (probe.py)
     inflation: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {factor, ...}: CPU/step at P over 1
+    nnodes: int = 1                      # nodes the ``across`` probes spanned (``allreduce``: one node's own)
+    across: dict[str, dict[str, Any]] = field(default_factory=dict)  # P per node -> the all-reduce over every node
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -123,7 +125,12 @@ class Calibration:
         # Other programs' runnable threads, from the 1-process run with the fewest threads: extrapolates the
         # core share to process counts the probe did not run.
         one = single[min(single)]
-        return Cluster(gpus_per_node=max([nproc_max, *fitted, 1]), device="cpu", fitted=fitted, comm_cpu=cpu,
+        # Several nodes: a node holds the most processes per node calibrated across them (replay is per world).
+        per_node = max(int(p) for p in self.across) if self.across else max([nproc_max, *fitted, 1])
+        return Cluster(gpus_per_node=per_node, device="cpu", fitted=fitted, comm_cpu=cpu,
                        share={int(p): float(v) for p, v in self.share.items()}, single=single, cores=self.cores,
                        replay={int(p): v for p, v in self.replay.items()},
-                       outside=outside_threads(one.core_share, one.threads, self.cores))
+                       outside=outside_threads(one.core_share, one.threads, self.cores),
+                       across={int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in self.across.items()},
+                       across_cpu={int(p): AlphaBeta(v.get("cpu_alpha", 0.0), v.get("cpu_beta", 0.0))
+                                   for p, v in self.across.items()}, nodes_fitted=self.nnodes)

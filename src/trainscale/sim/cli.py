@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import ConfigError
+from ..nodes import add_node_options, follow, launcher_options, leading
 
 __all__ = ["main"]
 
@@ -274,18 +275,28 @@ def _calibrate_main(argv: list[str]) -> int:
                                             "ranks sharing the cores, and a skeleton of the job's step (its measured "
                                             "CPU, its buckets all-reduced as backward readies them) that anchors the "
                                             "forecast of this machine. Other options go to `trainscale train`.",
-                                epilog="example:\n  trainscale plan calibrate --nproc 2,3,4 --out cal.json --model mlp")
+                                epilog="example:\n  trainscale plan calibrate --nproc 2,3,4 --out cal.json --model mlp\n"
+                                       "on two nodes (the same line on each, with its --node-rank; then\n"
+                                       "`trainscale plan --calibration cal.json --nproc 4` forecasts 2 x 2):\n"
+                                       "  trainscale plan calibrate --nproc 2 --nnodes 2 --node-rank 0 "
+                                       "--master-addr node0 --out cal.json")
     p.add_argument("--nproc", default="2,4", help="process counts to measure all-reduce at (default 2,4)")
     p.add_argument("--out", default="plan-calibration.json", help="calibration file to write")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
     p.add_argument("--interference", action="store_true", help=INTERFERENCE_HELP)
+    add_node_options(p)
     a, rest = p.parse_known_args(argv)
     nprocs = _ints(a.nproc, "--nproc")
+    launcher = launcher_options(a)
     if Path(a.out).is_dir():
         raise ConfigError("--out", a.out, "is a folder; give a file path for the calibration JSON")
+    if launcher.node_rank > 0:  # node 0 measures and writes the file; this node takes part in its probes
+        return follow(launcher, a.timeout)
     try:
-        cal = calibrate(rest, nprocs, Path(a.out), a.timeout, say=lambda m: print(m, file=sys.stderr, flush=True),
-                        interference=a.interference)
+        with leading(launcher):
+            cal = calibrate(rest, nprocs, Path(a.out), a.timeout,
+                            say=lambda m: print(m, file=sys.stderr, flush=True), interference=a.interference,
+                            launcher=launcher)
     except RuntimeError as e:
         print(f"trainscale plan calibrate: {e}", file=sys.stderr)
         return 1

@@ -84,6 +84,11 @@ class Cluster:
     cores: int = 0                            # CPU host: cores shared by the ranks
     outside: float = 0.0                      # CPU host: other programs' runnable threads (extrapolation)
     replay: dict[int, dict[str, Any]] = field(default_factory=dict)  # CPU host: P -> the job's skeleton step
+    # Calibrated across nodes: processes per node -> the all-reduce (time; CPU) over every node's ranks, on
+    # ``nodes_fitted`` nodes; 1 per node is the inter-node link alone.
+    across: dict[int, AlphaBeta] = field(default_factory=dict)
+    across_cpu: dict[int, AlphaBeta] = field(default_factory=dict)
+    nodes_fitted: int = 1
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
 
@@ -106,14 +111,11 @@ class Cluster:
         if world <= 1 or nbytes <= 0:
             return 0.0
         if self.fitted:
-            if world in self.fitted:
-                return self.fitted[world].time(nbytes)
-            # Beyond the measured counts: the ring shape with the per-hop alpha and beta of the largest fit.
-            p0 = max(self.fitted)
-            ab = self.fitted[p0]
-            hop = ab.alpha / (2 * (p0 - 1))
-            per_byte = ab.beta / (2 * (p0 - 1) / p0)
-            return ring_time(nbytes, world, hop, per_byte)
+            local = min(world, self.gpus_per_node)
+            nodes = max(1, math.ceil(world / self.gpus_per_node))
+            if nodes > 1 and self.across:
+                return self._across_s(nbytes, local, nodes, hierarchical)
+            return _measured_ring(self.fitted, world, nbytes)
         assert self.intra is not None and self.inter is not None
         local = min(world, self.gpus_per_node)
         nodes = max(1, world // self.gpus_per_node)
@@ -130,6 +132,16 @@ class Cluster:
         return nccl_ring_time(nbytes, local, nodes, self.intra.bytes_per_s, self.intra.hop_s, inter_bw,
                               self.inter.hop_s, self.base_lat_s)
 
+    def _across_s(self, nbytes: float, local: int, nodes: int, hierarchical: bool) -> float:
+        """An all-reduce over ``nodes`` calibrated nodes of ``local`` ranks: measured flat, or hierarchical from
+        its measured parts: the node's own all-reduce (reduce-scatter + all-gather) and the inter-node all-reduce,
+        whose ``local`` concurrent rings on 1/local of the bytes each share the nodes' link."""
+        if hierarchical and local > 1 and 1 in self.across:
+            return (_measured_ring(self.fitted, local, nbytes)
+                    + _measured_ring({self.nodes_fitted: self.across[1]}, nodes, nbytes))
+        per_node = local if local in self.across else max(self.across)
+        return _measured_ring({self.nodes_fitted * per_node: self.across[per_node]}, local * nodes, nbytes)
+
     def job_at(self, job: Job, world: int) -> tuple[Job, float]:
         """(the 1-device job as each of ``world`` ranks runs it, per-thread slow-down from sharing the host).
 
@@ -138,17 +150,39 @@ class Cluster:
         """
         if self.device != "cpu":
             return job, 1.0
-        threads = max(1, self.cores // min(world, self.gpus_per_node)) if self.cores else 1
+        local = min(world, self.gpus_per_node)  # the ranks that share this node's cores
+        threads = max(1, self.cores // local) if self.cores else 1
         base = self.single.get(threads, job)
-        if world in self.share:
-            return base, thread_slowdown(self.share[world])
-        return base, slowdown_at(world, base.threads, self.cores or 1, self.outside)
+        if local in self.share:
+            return base, thread_slowdown(self.share[local])
+        return base, slowdown_at(local, base.threads, self.cores or 1, self.outside)
 
-    def comm_cpu_s(self, nbytes: float, world: int) -> float:
-        """CPU seconds one rank spends in an all-reduce of ``nbytes`` (0 where not measured)."""
+    def comm_cpu_s(self, nbytes: float, world: int, hierarchical: bool = False) -> float:
+        """CPU seconds one rank spends in an all-reduce of ``nbytes`` (0 where not measured); across calibrated
+        nodes hierarchically, its node's all-reduce and the inter-node one."""
         if world <= 1 or nbytes <= 0 or not self.comm_cpu:
             return 0.0
+        local = min(world, self.gpus_per_node)
+        own = self.comm_cpu.get(local, self.comm_cpu[max(self.comm_cpu)]).time(nbytes) if local > 1 else 0.0
+        if world > local and self.across_cpu:
+            if hierarchical and 1 in self.across_cpu:
+                return own + self.across_cpu[1].time(nbytes)
+            return self.across_cpu.get(local, self.across_cpu[max(self.across_cpu)]).time(nbytes)
         return self.comm_cpu.get(world, self.comm_cpu[max(self.comm_cpu)]).time(nbytes)
+
+
+def _measured_ring(fits: dict[int, AlphaBeta], world: int, nbytes: float) -> float:
+    """An all-reduce over ``world`` ranks from fits measured per rank count: the fit itself, or beyond the
+    measured counts the ring shape with the per-hop alpha and beta of the largest fit."""
+    if world in fits:
+        return fits[world].time(nbytes)
+    p0 = max(fits)
+    ab = fits[p0]
+    if p0 < 2:
+        return ab.time(nbytes)
+    hop = ab.alpha / (2 * (p0 - 1))
+    per_byte = ab.beta / (2 * (p0 - 1) / p0)
+    return ring_time(nbytes, world, hop, per_byte)
 
 
 def topo_link(topo: Topology, nominal: Link) -> Link:
@@ -315,7 +349,7 @@ def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float
     buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
     exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, base.tensor_costs), t_of,
                                   backward, s.overlap)
-    comm_cpu = sum(cluster.comm_cpu_s(b * ratio, dp) for b in buckets)
+    comm_cpu = sum(cluster.comm_cpu_s(b * ratio, dp, s.hierarchical) for b in buckets)
     if base.buffer_bytes and dp > 1:
         b = cluster.allreduce_s(base.buffer_bytes, dp) / 2  # a broadcast moves half an all-reduce
         exposed, total = exposed + b, total + b
