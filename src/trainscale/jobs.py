@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError
+from .distributed.cluster import unplaced
 from .signals import interrupt_on
 
 __all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill",
@@ -181,9 +182,8 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     """Run one training job; return its summary, or raise RunFailed with the job's own error."""
     spec.json_path.parent.mkdir(parents=True, exist_ok=True)
     spec.json_path.unlink(missing_ok=True)
-    env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(k, None)  # the lab is never itself a rank; each run launches its own
+    # The lab is never itself a rank, nor a scheduler's task: each run is placed by its own launcher options.
+    env = {**unplaced(os.environ), "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     if spec.launcher.multi_node and on_launch is not None:  # the other nodes of a lab launch their part of it
         on_launch(spec.command(), spec.env(), spec.label)
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import jobs
 from .config import ConfigError
+from .distributed.cluster import unplaced
 from .jobs import LauncherOptions, communicate_or_kill
 from .reporting.console import err_console
 
@@ -159,9 +160,7 @@ def follow(opts: LauncherOptions, run_timeout: float) -> int:
                               f"{f', {failed} failed' if failed else ''}; node 0 writes the report")
             return 0 if msg.get("ok") else 1
         t0 = time.monotonic()
-        env = {**os.environ, "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **msg["env"]}
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(key, None)
+        env = {**unplaced(os.environ), "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **msg["env"]}
         try:
             rc = communicate_or_kill(_as_node(msg["argv"], opts.node_rank), env, run_timeout)[0]
             how = "done" if rc == 0 else f"failed (exit code {rc})"

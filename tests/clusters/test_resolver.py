@@ -7,7 +7,7 @@ PyTorchJob's MASTER_ADDR/WORLD_SIZE/RANK, torchrun's), and where that process mu
 import pytest
 
 from clitools import run_cli
-from trainscale.distributed.cluster import ClusterError, expand_nodelist, resolve, slurm_port
+from trainscale.distributed.cluster import ClusterError, expand_nodelist, resolve, slurm_port, unplaced
 from trainscale.distributed.launcher import LaunchSpec, with_cluster
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}  # set in every srun step
@@ -223,3 +223,14 @@ def test_every_option_given_to_torchrun_is_one_this_torch_knows():
     for spec in (LaunchSpec("x.py", nproc_per_node=2), LaunchSpec("x.py", nproc_per_node=2, rdzv_endpoint="h:29400"),
                  LaunchSpec("x.py", nproc_per_node=2, nnodes="2", node_rank=1, master_addr="h")):
         torchrun_accepts(spec.torchrun_argv())
+
+
+def test_a_run_the_lab_launches_itself_is_no_task_of_the_schedulers_job():
+    # Inside an srun step or a Kubeflow pod, the lab's own runs are placed by their launcher options only.
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[01-02]"}
+    pod = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "n0", "PET_MASTER_PORT": "29500",
+           "PATH": "/bin"}
+    assert (resolve(step).source, resolve(pod).source) == ("slurm", "kubeflow")
+    assert resolve(unplaced(step)).source == resolve(unplaced(pod)).source == "single"
+    assert unplaced(pod) == {"PATH": "/bin"}

@@ -33,7 +33,7 @@ from typing import Literal
 
 from ..config import ConfigError
 
-__all__ = ["Cluster", "ClusterError", "resolve", "expand_nodelist", "slurm_port", "tasks_on_node"]
+__all__ = ["Cluster", "ClusterError", "resolve", "expand_nodelist", "slurm_port", "tasks_on_node", "unplaced"]
 
 Role = Literal["rank", "launcher"]
 SLURM_PORT_BASE = 20000  # derived ports lie in 20000-29999: below Linux's ephemeral range (32768-60999)
@@ -93,6 +93,19 @@ def resolve(environ: Mapping[str, str] | None = None, role: Role = "rank") -> Cl
         if found is not None:
             return found
     return Cluster("single", _single_why(env), "1", 0, None, None)
+
+
+# What makes a process one task of a launcher's or scheduler's job. A program that launches jobs of its own with
+# explicit node options (the lab's runs, on one node or on all) leaves these out of their environment: else a
+# 1-process run started inside an srun step or a Kubeflow pod takes itself for a task of the 2-node job, and
+# waits for peers that never come.
+PLACEMENT_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_STEP_ID", "SLURM_STEPID",
+                  "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NPROC_PER_NODE")
+
+
+def unplaced(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the variables that place a process in a job (``PLACEMENT_VARS``)."""
+    return {k: v for k, v in env.items() if k not in PLACEMENT_VARS}
 
 
 # ------------------------------------------------------------------ sources

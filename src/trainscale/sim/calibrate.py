@@ -100,7 +100,7 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
                "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
         if sk:
             cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env = jobs.unplaced(os.environ)  # placed by the launcher options above, not by a scheduler's variables
         if nodes and jobs.on_launch is not None:
             jobs.on_launch(cmd, {}, f"all-reduce probe, {nproc} process(es) per node")
         communicate_or_kill = jobs.communicate_or_kill
