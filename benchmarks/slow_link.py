@@ -137,15 +137,11 @@ def _both_nodes(commands: list[tuple[list[str], dict[str, str]]], timeout: float
 
 
 def doctor_two_nodes(link: Link, job: list[str], out: Path, timeout: float = 900) -> dict:
-    """``trainscale doctor --nproc 2 --quick`` on each node; Kubeflow's PET_* make each of its runs a 2-node job.
+    """``trainscale doctor --nproc 2 --quick`` in each namespace, placed by Kubeflow's ``PET_*`` as in two pods.
 
-    The doctor has no multi-node options, but every run it starts is a launcher, and a launcher reads PET_*: the
-    two doctors run the same plan in step (two repeats, no budget for more), each run meeting its peer run on the
-    other node. Rank 0 (node 0) writes each summary; node 1's doctor reads them through a shared runs folder.
+    Node 0's doctor runs the experiments (its 1-process references alone) and writes the report; node 1's
+    follows the runs that span both nodes (``trainscale.nodes``).
     """
-    (out / "node0" / "runs").mkdir(parents=True)
-    (out / "node1").mkdir()
-    (out / "node1" / "runs").symlink_to(out / "node0" / "runs")
     commands: list[tuple[list[str], dict[str, str]]] = []
     for k in (0, 1):
         env = {**os.environ, "GLOO_SOCKET_IFNAME": link.veth[k], "OMP_NUM_THREADS": "1", "PET_NNODES": "2",
