@@ -124,7 +124,8 @@ def test_gpt_learns_and_reports_its_flops_and_mfu(tmp_path):
     tokens = 2 * 2 * 8 * 32
     assert s["flops_per_step"] == pytest.approx(6 * n * tokens + 12 * 2 * 64 * 32 * tokens, rel=0.02)
     assert 0 < s["mfu"] == pytest.approx(s["flops_per_s"] / s["peak_flops"])
-    assert s["peak_flops_source"].startswith("measured: " + ("fp16" if torch.cuda.is_available() else "bf16"))
+    precision = {"none": "fp32"}.get(gpt["default_amp"](), gpt["default_amp"]())  # bf16 only where it is native
+    assert s["amp"] == gpt["default_amp"]() and s["peak_flops_source"].startswith(f"measured: {precision}")
     rows = [json.loads(line) for line in Path(s["metrics_jsonl"]).read_text().splitlines()]
     assert rows and all(row["mfu"] > 0 for row in rows)  # MFU at every log point
 
