@@ -213,6 +213,9 @@ def test_a_compute_bound_step_gets_advice_for_its_device_and_precision(device, a
     assert f"own work on the {'GPU' if device == 'cuda' else 'CPU'}" in b["advice"]
     assert ("--strategy.amp bf16" in b["advice"]) == (amp == "none")
     assert "torch.compile" in b["advice"] and "--batch-size 64" in b["advice"]
+    # A CPU without native bf16 (AVX2): emulated bf16 is slower than fp32, so it is not advised.
+    base[0]["bf16_native"] = False
+    assert "bf16" not in bottleneck(base, [], 2, CTX)["advice"]
 
 
 def test_the_per_rank_chart_draws_each_phases_own_data_wait():

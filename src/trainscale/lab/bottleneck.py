@@ -149,7 +149,8 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     """
     if base_n:  # what the exchange's advice is sized by, as the causes have it
         ctx = {"calls": base_n[0].get("allreduce_calls_per_step"), "bytes": base_n[0].get("comm_bytes_per_step"),
-               "device": base_n[0].get("device"), "amp": base_n[0].get("amp"), **ctx}
+               "device": base_n[0].get("device"), "amp": base_n[0].get("amp"),
+               "bf16_native": base_n[0].get("bf16_native", True), **ctx}
     # The backend threads' wait for a core inside the exchange counts as contention only under an outside load.
     outside = outside_load(ctx)
     shares, unmeasured, info = _mean_shares(base_n, outside)
@@ -209,7 +210,8 @@ def _compute_advice(share: float, ctx: dict[str, Any]) -> str:
     """The step is the model's own work: how to make it cheaper on the device and precision the job ran with."""
     device = "GPU" if ctx.get("device") == "cuda" else "CPU"
     cheaper = ["torch.compile", f"a larger per-device batch (--batch-size {2 * int(ctx.get('batch_size', 32))})"]
-    if ctx.get("amp") in (None, "", "none"):  # already mixed precision: nothing to gain from asking again
+    # Already mixed precision, or bf16 emulated on this device (slower than fp32): nothing to gain from asking.
+    if ctx.get("amp") in (None, "", "none") and ctx.get("bf16_native", True):
         cheaper.insert(0, "bf16 autocast (--strategy.amp bf16)")
     return (f"the step is the model's own work on the {device} ({share:.0%}): the processes scale it; to make each "
             f"step cheaper use {', '.join(cheaper[:-1])} or amortise the per-step work over {cheaper[-1]}")

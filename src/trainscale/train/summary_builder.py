@@ -24,6 +24,7 @@ from ..log import logger
 from ..strategies import Strategy
 from .instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
 from .instruments.losses import LossWindow
+from .peak import bf16_native
 from .summary import SCHEMA_VERSION, median_spread
 
 __all__ = ["RunRecord", "build_summary"]
@@ -79,6 +80,7 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
         "loss_first": first_last[0].item(), "loss_last": first_last[1].item(),
         "eval_loss": eval_loss, "eval_accuracy": eval_acc, "eval_samples": eval_n,
         "bucket_mb": cfg.strategy.bucket_mb, "overlap": cfg.strategy.overlap, "amp": cfg.strategy.amp,
+        "bf16_native": bf16_native(env.device),
         "threads": env.threads, "ablate": {"comm": a.comm, "data": a.data, "compute": a.compute},
         **_rank_fields(per_rank, ins, rec.global_batch),
         "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
