@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     _check(args, nodes(launcher))
     cfg = check_train_args(rest)
     if cfg.strategy.fsdp and cfg.job.device != "cpu":
-        _fsdp_on_cpu()
+        _refuse_fsdp_on_a_gpu()
     if launcher.node_rank > 0:  # node 0 runs the experiments and writes the report; this node takes part
         return follow(launcher, args.timeout)
     if cfg.strategy.pipeline_stages > 1:
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> int:
     return _exit_code(doc)
 
 
-def _fsdp_on_cpu() -> None:
+def _refuse_fsdp_on_a_gpu() -> None:
     """FSDP's exchange is measured as the training thread's wait in Gloo's collectives: a GPU's waits are the
     device's, which the host does not see."""
     import torch

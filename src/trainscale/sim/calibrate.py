@@ -31,6 +31,7 @@ from typing import Any
 from ..about import available_cores
 from ..config import ConfigError, config_to_dict
 from ..jobs import LauncherOptions
+from ..nodes import nodes as node_count
 from .calibration import Calibration, fit_alpha_beta, job_key
 
 __all__ = ["calibrate", "model_layout"]
@@ -103,9 +104,8 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
         env = jobs.unplaced(os.environ)  # placed by the launcher options above, not by a scheduler's variables
         if nodes and jobs.on_launch is not None:
             jobs.on_launch(cmd, {}, f"all-reduce probe, {nproc} process(es) per node")
-        communicate_or_kill = jobs.communicate_or_kill
         try:
-            rc, stdout, stderr = communicate_or_kill(cmd, env, timeout)  # its ranks too, whatever ends it
+            rc, stdout, stderr = jobs.communicate_or_kill(cmd, env, timeout)  # its ranks too, whatever ends it
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"all-reduce probe on {nproc} processes gave no result within {timeout:g}s") from None
         if rc != 0 or not out.is_file():
@@ -215,7 +215,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     share: dict[str, float] = {}
     replay: dict[str, dict[str, Any]] = {}
     multi = launcher is not None and launcher.multi_node
-    nn = int(str(launcher.nnodes).split(":")[-1]) if launcher is not None and multi else 1
+    nn = node_count(launcher) if launcher is not None and multi else 1
     for p in (n for n in nprocs if n > 1):
         t = max(1, n_cores // p)
         sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))

@@ -163,9 +163,9 @@ class Cluster:
         if world <= 1 or nbytes <= 0 or not self.comm_cpu:
             return 0.0
         local = min(world, self.gpus_per_node)
-        own = self.comm_cpu.get(local, self.comm_cpu[max(self.comm_cpu)]).time(nbytes) if local > 1 else 0.0
         if world > local and self.across_cpu:
             if hierarchical and 1 in self.across_cpu:
+                own = self.comm_cpu.get(local, self.comm_cpu[max(self.comm_cpu)]).time(nbytes) if local > 1 else 0.0
                 return own + self.across_cpu[1].time(nbytes)
             return self.across_cpu.get(local, self.across_cpu[max(self.across_cpu)]).time(nbytes)
         return self.comm_cpu.get(world, self.comm_cpu[max(self.comm_cpu)]).time(nbytes)
