@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import trainscale
 from trainscale.data.delay import with_sample_delay
+from trainscale.train.peak import bf16_native
 
 # ---------------------------------------------------------------- the text
 
@@ -306,9 +307,7 @@ def default_amp() -> str:
     AMX): elsewhere (an AVX2 host) bf16 is emulated and slower than fp32, so fp32."""
     if torch.cuda.is_available():
         return "fp16"
-    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-              or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    return "bf16" if native else "none"
+    return "bf16" if bf16_native(torch.device("cpu")) else "none"
 
 
 def check_compiler() -> None:

@@ -61,7 +61,7 @@ class Accounting:
         self.rank, self.meter, self.offset, self.bound = rank, meter, offset, bound
         self.hooked = meter is not None and meter.hooked
         self.comm_measured = comm_measured and self.hooked
-        self.comm_blocked = comm_measured and bool(getattr(meter, "blocked_is_exposed", False))  # FSDP on CPU
+        self.comm_blocked = comm_measured and meter is not None and meter.blocked_is_exposed  # FSDP on CPU
         self.reason = available()
         self.warm, self.block = 0, BLOCK
         self.origin = math.nan  # the loop's start, on rank 0's clock
