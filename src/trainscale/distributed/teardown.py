@@ -93,10 +93,12 @@ def end_process_group(owned: bool = True, barrier: bool = False, threads: Iterab
         stop()
     for h in holders:
         release(h)
-    gc.collect()  # DDP's reducer sits in reference cycles
     if not (dist.is_available() and dist.is_initialized()):
-        _drop_dead_groups()
-        return
+        if not _all_ended():  # a group ended elsewhere whose workers live on: free what still holds it
+            gc.collect()
+            _drop_dead_groups()
+        return  # else no group was made, or all are ended: nothing can race the interpreter's end
+    gc.collect()  # DDP's reducer sits in reference cycles: freed while its group is still registered
     if barrier:
         dist.barrier()
     if owned:
@@ -108,7 +110,8 @@ def end_process_group(owned: bool = True, barrier: bool = False, threads: Iterab
 def _all_ended() -> bool:
     """Whether no group is left whose threads could race finalization: no Gloo worker alive, CUDA never used.
 
-    Then the collections that free forgotten groups (about 0.15 s each beside torch's heap) have nothing to do.
+    Then the collections that free forgotten groups (0.15-0.3 s each beside torch's heap, more once
+    ``torch._dynamo`` is imported, as an optimizer does) have nothing to do.
     """
     import torch
 
