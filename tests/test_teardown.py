@@ -138,3 +138,16 @@ def test_every_launch_path_exits_clean_beside_a_cpu_hog():
     assert sorted(counts) == sorted(paths.split(","))
     failed = {k: c for k, c in counts.items() if c["aborts"] or c["other_nonzero"]}
     assert not failed, p.stderr[-4000:]
+
+
+def test_only_groups_no_one_else_holds_skip_the_collections():
+    # The fast path's reference count: a group twice in the list (two default arguments) and nowhere else
+    # is dropped without a collection; one that anything else holds (here a name) is not.
+    from trainscale.distributed.teardown import _held_only_by
+    dead = [object()]
+    dead.append(dead[0])
+    assert _held_only_by(dead)
+    held = dead[0]
+    assert not _held_only_by(dead)
+    del held
+    assert _held_only_by(dead)
