@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 PIP     := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test clean
+.PHONY: demo test test-full clean
 
 # torch first, so that trainscale's `torch>=2.4` is already satisfied by the CPU build.
 $(VENV)/.base: pyproject.toml
@@ -29,6 +29,10 @@ test: $(VENV)/.full
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q --durations=25
+
+# Every test, the `full` tier's further variants included (about 10 minutes more than `make test`).
+test-full: $(VENV)/.full
+	TRAINSCALE_FULL=1 $(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

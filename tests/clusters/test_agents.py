@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.dist]
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("rendezvous", [pytest.param("static", marks=pytest.mark.slow), "c10d"])
+@pytest.mark.parametrize("rendezvous", [pytest.param("static", marks=[pytest.mark.slow, pytest.mark.full]), "c10d"])
 def test_two_agents_train_like_one_launcher_with_two_processes(tmp_path, plain_launch, rendezvous):
     port, out = free_port(30000, 32000), tmp_path / "w.pt"
 

@@ -85,6 +85,7 @@ def test_a_node_rank_outside_the_nodes_is_one_line():
     assert "Traceback" not in r.text
 
 
+@pytest.mark.full  # the doctor on two pods stays
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_bench_on_two_nodes_node_0_reports_node_1_takes_part(tmp_path):
@@ -125,6 +126,7 @@ def test_a_taken_lab_port_is_one_line_and_leaves_no_folder(tmp_path):
     assert "Traceback" not in r.text and not (tmp_path / "b").exists()
 
 
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_plan_calibrate_on_two_nodes_measures_the_link_and_forecasts_them(tmp_path):

@@ -38,6 +38,7 @@ def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path):
     resumed.close()
 
 
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_training_resumed_from_imagefolder_equals_uninterrupted(tmp_path):

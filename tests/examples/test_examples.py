@@ -49,6 +49,7 @@ def test_char_lm(tmp_path):
     assert last < first and last < uniform  # it learned something about the text
 
 
+@pytest.mark.full  # resumes are checked bit for bit in tests/test_resume_eval.py and tests/survive
 def test_checkpointing_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     whole, resumed = tmp_path / "ck", tmp_path / "ck2"
     launch("by_feature/checkpointing.py", "--steps", "20", "--save-every", "10", "--out", str(whole))
@@ -65,6 +66,7 @@ def test_checkpointing_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     assert all(torch.equal(a, s["momentum_buffer"]) for a, s in zip(momentum, got["optimizer"]["state"].values()))
 
 
+@pytest.mark.full
 def test_amp_clipping_reports_the_norm_and_clips(tmp_path):
     r = launch("by_feature/amp_clipping.py", "--max-norm", "0.3", summary=tmp_path / "s.json")
     s = read_json(tmp_path / "s.json")
@@ -75,6 +77,7 @@ def test_amp_clipping_reports_the_norm_and_clips(tmp_path):
     assert s["loss_last"] < s["loss_first"]
 
 
+@pytest.mark.full
 def test_gradient_accumulation_steps_the_optimizer_and_lr_once_per_accumulation(tmp_path):
     r = launch("by_feature/gradient_accumulation.py", "--strategy.grad_accum", "4", summary=tmp_path / "s.json")
     s = read_json(tmp_path / "s.json")
@@ -87,6 +90,7 @@ def test_gradient_accumulation_steps_the_optimizer_and_lr_once_per_accumulation(
     assert s["loss_last"] < s["loss_first"]
 
 
+@pytest.mark.full
 def test_local_sgd_exchanges_less_and_zero_keeps_less_state(tmp_path):
     launch("by_feature/local_sgd_zero.py", "--strategy.local_sgd_period", "4", summary=tmp_path / "local.json")
     launch("by_feature/local_sgd_zero.py", "--strategy.shard_optimizer", "true", summary=tmp_path / "zero.json")
@@ -130,6 +134,7 @@ def test_gpt_learns_and_reports_its_flops_and_mfu(tmp_path):
     assert rows and all(row["mfu"] > 0 for row in rows)  # MFU at every log point
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 def test_gpt_compile_without_a_working_compiler_is_one_line(tmp_path):
     # No C++ compiler for inductor's CPU backend: the trial compile fails before any process group starts.

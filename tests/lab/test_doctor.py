@@ -45,6 +45,7 @@ def first(doc):
     return top
 
 
+@pytest.mark.full  # a user's script's slow input (test_lab_scripts) stays
 @pytest.mark.timeout(900)
 def test_slow_input_pipeline_is_named_first(tmp_path):
     doc, r = doctor(tmp_path, *PLANTED, "--quick", "--data.sample_delay_ms", "1.5", "--batch-size", "16")
@@ -74,6 +75,7 @@ def test_tiny_buckets_are_named_and_apply_measures_the_gain(tmp_path):
     _check_report(tmp_path / "doc", doc)
 
 
+@pytest.mark.full  # its parts: tests/lab/test_accounting.py, tests/train/test_rank_accounting.py
 @pytest.mark.timeout(900)
 def test_an_fsdp_jobs_exchange_is_its_measured_wait_with_its_bytes(tmp_path):
     # FSDP all-gathers in forward, so no step runs without communication: the doctor measures each step's
@@ -139,6 +141,7 @@ def test_straggler_is_named_by_rank(tmp_path):
     assert strag["rank"] == 1 and "straggler (rank 1)" in r.out
 
 
+@pytest.mark.full  # the matrix's second-level cells check it too
 @pytest.mark.timeout(900)
 def test_operator_slow_only_on_several_processes_is_named(tmp_path):
     doc, r = doctor(tmp_path, *PLANTED, "--model.name", "planted_models:slow_op_mlp")

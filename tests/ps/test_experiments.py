@@ -20,6 +20,7 @@ def test_mean_interval_is_the_student_t_interval():
     assert one.n == 1 and math.isnan(one.se) and one.fmt() == "5.0" and one.to_json()["se"] is None
 
 
+@pytest.mark.full
 @pytest.mark.timeout(120)
 def test_runtime_experiment_writes_every_seed_and_intervals(ray_local, ps_actors, tmp_path):
     r = runtime_experiment(tmp_path, [], [2], ("sync", "async"), mean=0.03, seconds=0.5, min_updates=12,

@@ -25,7 +25,7 @@ def train(tmp_path: Path, nproc: int, mode: str) -> tuple[dict, dict]:
     return torch.load(out), json.loads(summary.read_text())
 
 
-@pytest.mark.parametrize("mode", ["function", "iterable"])
+@pytest.mark.parametrize("mode", ["function", pytest.param("iterable", marks=pytest.mark.full)])
 def test_a_users_batch_source_trains_the_same_weights_at_1_and_2_processes(tmp_path, mode):
     one, s1 = train(tmp_path, 1, mode)
     two, s2 = train(tmp_path, 2, mode)

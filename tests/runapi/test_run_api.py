@@ -28,7 +28,8 @@ def reference():
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("overrides", [
-    [], ["--strategy.bucket_mb", "0"], ["--strategy.overlap", "false"],
+    [], pytest.param(["--strategy.bucket_mb", "0"], marks=pytest.mark.full),
+    pytest.param(["--strategy.overlap", "false"], marks=pytest.mark.full),
     ["--strategy.grad_accum", "2", "--data.batch_size", str(BATCH // 2)],
 ], ids=["default", "per-tensor", "no-overlap", "grad-accum-2"])
 def test_users_loop_on_two_processes_equals_one_plain_process(tmp_path, reference, overrides):
@@ -42,7 +43,8 @@ def test_users_loop_on_two_processes_equals_one_plain_process(tmp_path, referenc
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("strategy", [["--strategy.local_sgd_period", "2", "--strategy.local_sgd_warmup", "2"],
-                                      ["--strategy.shard_optimizer", "true"]], ids=["local-sgd", "zero"])
+                                      pytest.param(["--strategy.shard_optimizer", "true"], marks=pytest.mark.full)],
+                         ids=["local-sgd", "zero"])
 def test_strategies_in_a_users_loop_equal_trainscale_train(tmp_path, strategy):
     r = launch(SCRIPT, str(tmp_path / "w.pt"), overrides=strategy)
     assert r.rc == 0, r.text

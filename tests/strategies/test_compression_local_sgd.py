@@ -12,6 +12,7 @@ def reference():
     return reference_weights()
 
 
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_fp16_compression_within_tolerance_and_half_the_bytes(tmp_path, reference):
@@ -20,6 +21,7 @@ def test_fp16_compression_within_tolerance_and_half_the_bytes(tmp_path, referenc
     assert s["comm_bytes_per_step"] == GRAD_BYTES * 2 * (2 - 1) / 2 / 2
 
 
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_bf16_with_hierarchical_within_tolerance(tmp_path, reference):

@@ -34,6 +34,7 @@ def test_comm_groups_and_sharded_optimizer_equal_ddp(tmp_path, reference):
     assert 0 < s["optim_state_bytes"] < GRAD_BYTES
 
 
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_local_sgd_period_1_equals_ddp(tmp_path, reference):

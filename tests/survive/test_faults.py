@@ -31,7 +31,8 @@ def test_kill9_with_one_restart_resumes_bit_for_bit(tmp_path, reference):
 
 @pytest.mark.dist
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("fault,culprit", [("stop@13:1", 1), ("stop@20:0:checkpoint", 0)],
+@pytest.mark.parametrize("fault,culprit", [("stop@13:1", 1),
+                                           pytest.param("stop@20:0:checkpoint", 0, marks=pytest.mark.full)],
                          ids=["in-step", "in-checkpoint-write"])
 def test_a_stopped_rank_ends_the_job_with_its_name(tmp_path, fault, culprit):
     p = start(["train", "--nproc", "2", *JOB, "--job.timeout_s", str(TIMEOUT_S), "--checkpoint.dir", str(tmp_path)],
