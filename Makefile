@@ -30,7 +30,7 @@ test: $(VENV)/.full
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q --durations=25
 
-# Every test, the `full` tier's further variants included (about 10 minutes more than `make test`).
+# Every test, the `full` tier's further variants included (about 12 minutes more than `make test` here).
 test-full: $(VENV)/.full
 	TRAINSCALE_FULL=1 $(BIN)/python -m pytest -q --durations=25
 
