@@ -2,7 +2,7 @@
 process, with one part of the accounting replaced.
 
 Variants: ``full`` (as shipped); ``empty`` (every seam a no-op, the instrument still attached); ``noread`` (no
-per-step read, block reads kept); ``noarrival`` (the per-step read without the arrival and exchange wait);
+reads at all); ``noarrival`` (the per-step read without the arrival and exchange wait);
 ``clock`` (the read replaced by ``time.thread_time_ns``, which keeps the GIL); ``noblock`` (no block reads).
 Prints one line: the median on/off ratio over chunk pairs of the training thread's CPU and of the step.
 Run: python benchmarks/doctor_accounting_parts.py VARIANT [CHUNKS]
@@ -20,32 +20,27 @@ variant = sys.argv[1]
 chunks = int(sys.argv[2]) if len(sys.argv) > 2 else 200
 if variant == "noblock":
     A.Accounting.close_block = lambda self: None
-elif variant == "noread":
-    orig = A.Accounting.step_done
+elif variant == "noread":  # a placeholder row per step: no read at all, of this thread or the others
     def step_done(self, step, measured, t_prev):
         if measured:
             self._steps.append((0, 0, 0.0, 0.0))
         self._block_steps += 1
     A.Accounting.step_done = step_done
-elif variant == "clock":  # the same per-step work, the read a clock call that keeps the GIL
-    import time
-    def step_done(self, step, measured, t_prev):
-        cpu, runq = time.thread_time_ns(), 0
-        if measured:
-            self._steps.append((cpu - self._cpu, runq - self._runq, self._arrival(t_prev) + self.offset, self._comm_wait()))
-            self._block_measured += 1
-        self._cpu, self._runq = cpu, runq
-        self._block_steps += 1
-        if step >= self.warm and (step - self.warm) % self.block == 0:
-            self.close_block()
-    A.Accounting.step_done = step_done
-elif variant == "noarrival":  # the read, without the arrival and the exchange's wait
+elif variant in ("clock", "noarrival"):
     import os
-    def step_done(self, step, measured, t_prev):
+    import time
+
+    def read(self):
+        if variant == "clock":  # a clock call that keeps the GIL instead of the pread
+            return time.thread_time_ns(), 0
         fields = os.pread(self._fd, 96, 0).split()
-        cpu, runq = int(fields[0]), int(fields[1])
+        return int(fields[0]), int(fields[1])
+
+    def step_done(self, step, measured, t_prev):
+        cpu, runq = read(self)
         if measured:
-            self._steps.append((cpu - self._cpu, runq - self._runq, 0.0, 0.0))
+            arrival, comm = (self._arrival(t_prev) + self.offset, self._comm_wait()) if variant == "clock" else (0.0, 0.0)
+            self._steps.append((cpu - self._cpu, runq - self._runq, arrival, comm))
             self._block_measured += 1
         self._cpu, self._runq = cpu, runq
         self._block_steps += 1
