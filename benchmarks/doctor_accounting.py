@@ -21,7 +21,7 @@ ABBA order so that drift and a slow spell of the shared machine fall on both:
 Then, in the same processes, the cost of each read: the training thread's schedstat (every step), one
 block's reads of the other threads with the thread-list rescan, and the alternative of reading every thread
 at every step. Last line: one JSON object with ``overhead_ratio``.
-Run: python benchmarks/doctor_accounting.py [--chunks 300 --pairs 4]
+Run: python benchmarks/doctor_accounting.py [--chunks 300 --pairs 4 --device auto]
 """
 
 from __future__ import annotations
@@ -128,23 +128,26 @@ def read_costs(n: int = 3000) -> dict[str, float]:
             "every_thread_every_step_us": step_us + read_us}
 
 
-def worker(chunks: int, pairs: int, out: str) -> None:
+def worker(chunks: int, pairs: int, device: str, out: str) -> None:
     import json
 
     from trainscale.config import load_config
     from trainscale.distributed import init_distributed
     from trainscale.train.trainer import Trainer
 
-    base = JOB + ["--job.steps", str(3 + 12 * CHUNK)]
+    job = JOB + ["--job.device", device]
+    base = job + ["--job.steps", str(3 + 12 * CHUNK)]
     init_distributed(load_config(base).job)  # one process group and thread setting for every run
-    inside = toggled_chunks(chunks)
+    inside = toggled_chunks(chunks, job)
     runs: dict[str, list[float]] = {"on": [], "off": []}
     for p in range(pairs):
         for mode in (("on", "off") if p % 2 == 0 else ("off", "on")):  # ABBA: neither always runs first
             cfg = load_config(base + ["--log.accounting", "true" if mode == "on" else "false"])
             runs[mode].append(mean_step_s(Trainer(cfg).fit()))
     if int(os.environ["RANK"]) == 0:
-        Path(out).write_text(json.dumps({"inside": inside, "runs": runs, "costs": read_costs()}))
+        import torch
+        dev = torch.cuda.get_device_name() if torch.cuda.is_available() and device != "cpu" else "cpu"
+        Path(out).write_text(json.dumps({"inside": inside, "runs": runs, "costs": read_costs(), "device": dev}))
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -186,14 +189,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--chunks", type=int, default=300, help="chunks of 24 steps in the toggled run (half of them on)")
     ap.add_argument("--pairs", type=int, default=4, help="pairs of whole runs, on and off")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="the job's --job.device (auto: CUDA where there is one, the two ranks sharing it)")
     ap.add_argument("--worker-out")
     a = ap.parse_args()
     if a.worker_out:
-        worker(a.chunks, a.pairs, a.worker_out)
+        worker(a.chunks, a.pairs, a.device, a.worker_out)
         return
     from _common import emit, launch_self
 
-    r = launch_self(__file__, ["--chunks", str(a.chunks), "--pairs", str(a.pairs)])
+    r = launch_self(__file__, ["--chunks", str(a.chunks), "--pairs", str(a.pairs), "--device", a.device])
     inside, runs, c = summary(r["inside"], "chunk"), summary(r["runs"], "run"), r["costs"]
     cpu = summary({"on": r["inside"]["cpu_on"], "off": r["inside"]["cpu_off"]}, "cpu")
     print(f"reads: training thread {c['main_read_us']:.1f} us/step; other threads ({c['other_threads']}) "
@@ -207,7 +212,7 @@ def main() -> None:
         "pooled_ratio": inside["pooled"], "chunk_pairs": inside["pairs"], "step_off_s": inside["step_off_s"],
         "cpu_ratio": cpu["ratio"], "cpu_ratio_ci90": [cpu["lo"], cpu["hi"]], "cpu_off_s": cpu["step_off_s"],
         "run_pairs_ratio": runs["ratio"], "run_pairs_p10": runs["p10"], "run_pairs_p90": runs["p90"],
-        "run_pairs": runs["pairs"], "expected_ratio_from_reads": expected, **c}
+        "run_pairs": runs["pairs"], "expected_ratio_from_reads": expected, "device": r["device"], **c}
     emit(result)
 
 

@@ -8,7 +8,7 @@ reads of the other threads). The same code's ratio varies by about 0.025 from ru
 (``benchmarks/results/2026-11-25-doctor-accounting.md``): compare variants over several alternated runs.
 Last line: one JSON object with ``variant``, ``cpu_ratio`` and ``step_ratio`` (median over adjacent on/off chunk
 pairs, with their 90% bootstrap intervals) and the median CPU per step on and off.
-Run: python benchmarks/doctor_accounting_parts.py VARIANT [--chunks 300]
+Run: python benchmarks/doctor_accounting_parts.py VARIANT [--chunks 300 --device auto]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import time
 
 from _common import emit
-from doctor_accounting import median_interval, pair_ratios, toggled_chunks
+from doctor_accounting import JOB, median_interval, pair_ratios, toggled_chunks
 
 VARIANTS = ("full", "empty", "noread", "noarrival", "clock", "noblock")
 
@@ -65,10 +65,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variant", choices=VARIANTS)
     ap.add_argument("--chunks", type=int, default=300, help="chunks of 24 steps in the toggled run (half of them on)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="the job's --job.device")
     a = ap.parse_args()
     patch(a.variant)
-    out = toggled_chunks(a.chunks)
-    result: dict[str, object] = {"variant": a.variant, "chunks": a.chunks}
+    out = toggled_chunks(a.chunks, JOB + ["--job.device", a.device])
+    result: dict[str, object] = {"variant": a.variant, "chunks": a.chunks, "device": a.device}
     for name, on, off in (("cpu_ratio", "cpu_on", "cpu_off"), ("step_ratio", "on", "off")):
         ratios = pair_ratios({"on": out[on], "off": out[off]})
         result[name] = round(statistics.median(ratios), 4)

@@ -47,7 +47,8 @@ PATHS: dict[str, Callable[[Path], tuple[list[str], dict[str, str]]]] = {
         "--checkpoint.dir", str(d / "ck"), "--checkpoint.format", "dcp", "--checkpoint.async_save", "true",
         "--checkpoint.every", "1", "--data.workers", "1", "--log.tracker", "tensorboard",
         "--log.tracker_dir", str(d / "tb"))(d),
-    "pipeline": _train("--strategy.pipeline_stages", "2", "--strategy.microbatches", "2"),
+    # on the CPU also where there is a GPU: two processes sharing one get Gloo, whose send cannot read CUDA memory
+    "pipeline": _train("--strategy.pipeline_stages", "2", "--strategy.microbatches", "2", "--job.device", "cpu"),
     "runapi": _script("runapi"),
     "runapi-nofinish": _script("runapi-nofinish"),
     # Trainer from Python in the user's own group; the user's collective and destroy_process_group() after fit()

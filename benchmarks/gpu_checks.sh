@@ -34,4 +34,25 @@ C)  # after the fixes: the HTA test, the MFU check on the catalogue's peak
   step 100 python3 -m pytest -q -rP -p no:cacheprovider tests/cuda/test_hta_cuda.py 2>&1 | tail -8
   step 80 python3 benchmarks/gpt_mfu.py
   ;;
+D)  # issue 26's accounting overhead on a quiet 16-core host, CUDA and CPU; issue 32's exits on the CUDA paths
+  mkdir -p /tmp/d
+  for dev in cuda cpu; do
+    step 100 python3 benchmarks/doctor_accounting.py --chunks 600 --pairs 2 --device $dev 2>&1 | tee /tmp/d/acct-$dev.txt | tail -4
+  done
+  for v in full empty full empty full empty; do  # one process; alternated, so drift falls on both variants
+    step 25 python3 benchmarks/doctor_accounting_parts.py $v --chunks 200 --device cpu 2>&1 | grep '^{' | tee -a /tmp/d/parts.txt
+  done
+  for k in 1 2 3 4 5 6; do  # six harnesses at once (each with its own nice'd hog): the 16 cores kept busy
+    timeout -s TERM 200 python3 benchmarks/exit_stress.py --n 200 --logs /tmp/d/xs$k >/tmp/d/exit$k.json 2>/tmp/d/exit$k.err &
+  done
+  wait; tail -n1 /tmp/d/exit*.json; tar czf "$OUT/d.tgz" -C /tmp d
+  ;;
+E)  # after the pipeline's Gloo-on-CUDA refusal: its test, then the exit harness again on every path
+  step 150 python3 -m pytest -q -p no:cacheprovider tests/cuda -k "pipeline_over_gloo or two_processes" 2>&1 | tail -5
+  mkdir -p /tmp/e
+  for k in 1 2 3 4 5 6; do
+    timeout -s TERM 130 python3 benchmarks/exit_stress.py --n 200 --logs /tmp/e/xs$k >/tmp/e/exit$k.json 2>/tmp/e/exit$k.err &
+  done
+  wait; tail -qn1 /tmp/e/exit*.json; tar czf "$OUT/e.tgz" -C /tmp e
+  ;;
 esac

@@ -48,6 +48,20 @@ def test_two_processes_on_one_gpu_use_gloo(tmp_path):
     assert bad.rc != 0 and "nccl needs one GPU per process" in bad.err
 
 
+def test_a_pipeline_over_gloo_on_cuda_is_refused_before_any_process_starts(tmp_path):
+    """Gloo's send cannot read CUDA memory: two processes sharing a GPU cannot pipeline; one line says so and
+    what to do, and the same pipeline on the CPU of this machine trains."""
+    if torch.cuda.device_count() > 1:
+        pytest.skip("needs a machine with exactly one GPU")
+    pp = ["train", "--nproc", "2", "--strategy.pipeline_stages", "2", "--steps", "6", *FAST]
+    r = run_cli([*pp, "--json", str(tmp_path / "s.json")], timeout=120)
+    lines = [ln for ln in r.err.splitlines() if ln.strip()]
+    assert r.rc == 2 and len(lines) == 1 and "--job.device cpu" in lines[0], r.err
+    assert not (tmp_path / "s.json").exists()
+    ok = run_cli([*pp, "--job.device", "cpu", "--json", str(tmp_path / "cpu.json")], timeout=300)
+    assert ok.rc == 0 and read_json(tmp_path / "cpu.json")["pipeline"]["microbatches"] >= 1, ok.text
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_fp16_scaler_grows_and_backs_off_and_skips_an_overflow_step(fused):
     """With trainscale's fused optimizer the overflow flag stays on the device; the skip must still happen."""

@@ -5,6 +5,7 @@ import pytest
 from clitools import run_cli
 from trainscale.config import Config, ConfigError, load_config
 from trainscale.lab.pipeline_analysis import pipeline_causes, pipeline_experiments
+from trainscale.strategies import check_transport
 from trainscale.train.cli import parse, preflight
 
 PP = ["--strategy.pipeline_stages", "2"]
@@ -41,6 +42,18 @@ def test_preflight_refuses_what_needs_the_world_or_the_model(args, expected):
         preflight(parsed, cfg)
     assert str(e.value).startswith(expected) and "\n" not in str(e.value)
     preflight(*parse(["--nproc", "4", *PP, "--strategy.split", "5"]))  # 2 replicas x 2 stages, a good name
+
+
+def test_a_pipeline_is_refused_where_gloo_would_send_cuda_tensors():
+    """Gloo's send/recv cannot read CUDA memory (seen on an H100: "writev ... Bad address" at the first step)."""
+    pp = load_config(PP).strategy
+    with pytest.raises(ConfigError) as e:
+        check_transport(pp, "cuda", "gloo")
+    assert e.value.key == "strategy.pipeline_stages" and "--job.device cpu" in str(e.value)
+    assert "\n" not in str(e.value)
+    for device, backend in (("cuda", "nccl"), ("cpu", "gloo")):
+        check_transport(pp, device, backend)
+    check_transport(load_config([]).strategy, "cuda", "gloo")  # no pipeline: Gloo's collectives take CUDA tensors
 
 
 @pytest.mark.timeout(90)

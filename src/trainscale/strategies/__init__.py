@@ -19,7 +19,7 @@ from ..distributed import DistEnv
 from ..sim.collectives import collective_bytes
 from .amp import apply_amp, check_amp
 from .autotune import BucketTuner, distinct_candidates
-from .checks import check_strategy, needs_hook
+from .checks import check_strategy, check_transport, needs_hook
 from .comm import CommMeter
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .fsdp import FsdpState, apply_fsdp, checkpoint_units, shard_units
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = ["Strategy", "apply_strategy", "apply_ddp", "apply_amp", "check_amp", "bucket_count",
-           "allreduce_after_backward", "grad_buckets", "check_strategy", "CommMeter",
+           "allreduce_after_backward", "grad_buckets", "check_strategy", "check_transport", "CommMeter",
            "apply_zero", "optimizer_state_bytes", "optimizer_state_dict", "Pipeline", "FsdpState", "PeakMemory"]
 
 
@@ -289,6 +289,7 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     """The one place strategies are composed: device, DDP (fusion, overlap, comm hooks), local SGD, precision,
     or pipeline stages with DDP inside each stage's replicas (``layers``: the model's layer names for a pipeline)."""
     check_strategy(cfg, env.world_size, env.local_world_size)
+    check_transport(cfg, env.device.type, env.backend)
     model = model.to(env.device)
     autocast, scaler = apply_amp(cfg.amp, env.device)
     if cfg.pipeline_stages > 1:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..config import ConfigError, StrategyConfig
 
-__all__ = ["check_strategy", "needs_hook", "node_size"]
+__all__ = ["check_strategy", "check_transport", "needs_hook", "node_size"]
 
 
 def needs_hook(cfg: StrategyConfig) -> bool:
@@ -18,6 +18,21 @@ def needs_hook(cfg: StrategyConfig) -> bool:
 def node_size(cfg: StrategyConfig, world: int, local_world: int) -> int:
     """Processes per node: ``strategy.local_size`` when set, else the launcher's LOCAL_WORLD_SIZE."""
     return cfg.local_size or max(1, min(local_world, world))
+
+
+def check_transport(cfg: StrategyConfig, device: str, backend: str) -> None:
+    """Refuse a pipeline whose stages would send CUDA tensors through Gloo.
+
+    Pipeline stages pass activations and their gradients with send/recv. Gloo's send hands the tensor's memory
+    to the socket as it is, so from CUDA memory the first send fails ("writev ... Bad address") and the job dies
+    on its first step; its collectives (all-reduce, broadcast) copy through the host and work, its send/recv
+    does not. Processes that share a GPU get Gloo (NCCL refuses two ranks on one GPU), so such a job cannot
+    pipeline on CUDA.
+    """
+    if cfg.pipeline_stages > 1 and device == "cuda" and backend == "gloo":
+        raise ConfigError("strategy.pipeline_stages", cfg.pipeline_stages,
+                          "pipeline stages send activations with send/recv, which the gloo backend cannot do from "
+                          "CUDA memory; give each process a GPU of its own (nccl), or use --job.device cpu")
 
 
 def check_strategy(cfg: StrategyConfig, world: int | None = None, local_world: int | None = None) -> None:

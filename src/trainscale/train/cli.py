@@ -98,7 +98,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     from ..distributed.env import resolve_backend, resolve_device
     from ..models import check_name
     from ..models.losses import resolve_loss
-    from ..strategies import check_amp, check_strategy
+    from ..strategies import check_amp, check_strategy, check_transport
     from .trackers import check_tracker
 
     check_name(cfg.model.name)
@@ -112,9 +112,10 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     resolve_loss(cfg.job.loss)
     device = resolve_device(cfg.job.device)
     world = args.nproc or 1  # the processes this command will start on this machine
-    resolve_backend(cfg.job.backend, device, world)
+    backend = resolve_backend(cfg.job.backend, device, world)
     check_amp(cfg.strategy.amp, device)
     check_strategy(cfg.strategy, world, world)
+    check_transport(cfg.strategy, device.type, backend)
     if cfg.strategy.pipeline_stages > 1:
         _check_pipeline_layers(cfg)
     if cfg.strategy.fsdp or cfg.strategy.activation_checkpointing:
