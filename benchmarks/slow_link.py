@@ -6,8 +6,9 @@ netem for delay). Each node's ``trainscale launch --nnodes 2`` runs inside its n
 with a static rendezvous on node 0's veth address and ``GLOO_SOCKET_IFNAME`` set to its veth. At each model
 width the same job runs flat and hierarchical (``--strategy.hierarchical true``: node membership from the
 launcher); then ``trainscale plan calibrate --nnodes 2`` across the two nodes (the same command in each
-namespace: each node's own all-reduce, the all-reduce over both, the link alone) and ``trainscale plan
---calibration`` forecast both. Needs root and ``ip``/``tc``; the namespaces and links are removed even on failure.
+namespace: each node's own all-reduce, the all-reduce over both, flat and hierarchical, the link alone) and
+``trainscale plan --calibration`` forecast both. Needs root and ``ip``/``tc``; the namespaces and links are
+removed even on failure.
 
     python benchmarks/slow_link.py --rate 200mbit --widths 256,1024,2048 --steps 12
 
@@ -181,6 +182,17 @@ def calibrate_two_nodes(link: Link, job: list[str], cal: Path, timeout: float = 
                            + "\n".join(o[-2000:] for o in outs))
 
 
+def calibrated(cal: dict) -> dict:
+    """What the calibration measured across the nodes at 2 per node: both skeleton steps, both all-reduce fits."""
+    def fit(d: dict | None) -> dict | None:
+        return {k: d[k] for k in ("alpha", "beta", "cpu_alpha", "cpu_beta", "residual")} if d else None
+
+    return {"skeleton_flat_s": cal["replay"]["4"]["step_s"],
+            "skeleton_hier_s": cal.get("replay_hier", {}).get("4", {}).get("step_s"),
+            "flat": fit(cal["across"].get("2")), "hier": fit(cal.get("across_hier", {}).get("2")),
+            "link": fit(cal["across"].get("1"))}
+
+
 def forecast(cal: Path, hierarchical: bool, out: Path) -> dict:
     """``trainscale plan`` of 2 nodes x 2 from the calibration measured across the two nodes."""
     argv = ["plan", "--calibration", str(cal), "--nproc", "4", "--out", str(out), "--json", str(out / "plan.json"),
@@ -239,6 +251,7 @@ def main() -> None:
                 # The lab sets progress and steps itself: the job's model and data only.
                 calibrate_two_nodes(link, [*JOB[:-2], "--model.width", str(w)], cal)
                 row["grad_mb"] = json.loads(cal.read_text())["params"] * 4 / 1e6
+                row["calibrated"] = calibrated(json.loads(cal.read_text()))
                 for mode in ("flat", "hier"):
                     f = forecast(cal, mode == "hier", Path(d) / f"plan-{mode}{w}")
                     row[mode]["forecast_s"], row[mode]["forecast_bound"] = f["step_s"], f["bound"]

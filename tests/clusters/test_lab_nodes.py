@@ -138,10 +138,16 @@ def test_plan_calibrate_on_two_nodes_measures_the_link_and_forecasts_them(tmp_pa
     # This node's all-reduce at 2; over both nodes at 2 per node and at 1 per node (the link alone).
     assert (cal["nnodes"], set(cal["allreduce"]), set(cal["across"])) == (2, {"2"}, {"1", "2"})
     assert set(cal["replay"]) == {"2", "4"} and all(v["beta"] >= 0 for v in cal["across"].values())
+    # The hierarchical all-reduce as the DDP hook runs it, at 2 per node (1 per node has one level only).
+    assert set(cal["across_hier"]) == {"2"} and set(cal["replay_hier"]) == {"4"}
+    assert cal["across_hier"]["2"]["alpha"] > 0 and cal["replay_hier"]["4"]["steps"] >= 8
+    assert "hierarchical (node reduce-scatter, all-reduce across, node all-gather): alpha" in texts[0], texts[0]
     assert "took part in 2 run(s); node 0 writes the report" in texts[1], texts[1]
     assert not (tmp_path / "node1").exists()  # one file, node 0's
     r = run_cli(["plan", "--calibration", str(tmp_path / "node0"), "--nproc", "2,4", "--out", str(tmp_path / "p"),
-                 "--json", str(tmp_path / "p.json")], timeout=60)
+                 "--json", str(tmp_path / "p.json"), "--hierarchical"], timeout=60)
     assert r.rc == 0, r.text
-    assert [(p["world_size"], p["nodes"]) for p in json.loads((tmp_path / "p.json").read_text())["points"]] == \
-        [(2, 1), (4, 2)]
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert [(p["world_size"], p["nodes"]) for p in plan["points"]] == [(2, 1), (4, 2)]
+    # 2 x 2 hierarchical: the skeleton measured with the hook's exchange
+    assert plan["points"][1]["step_time_s"] == pytest.approx(cal["replay_hier"]["4"]["step_s"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from trainscale.config import ConfigError
@@ -144,19 +147,25 @@ def test_fsdp_is_forecast_on_its_own():
     assert str(e.value) == "--fsdp-units = 4: FSDP is forecast on its own, not with --zero1"
 
 
+def _across_nodes(**measured) -> Calibration:
+    """What `plan calibrate --nproc 2 --nnodes 2` measures: the node's own all-reduce at 2 processes, the
+    all-reduce over both nodes' 4 processes (flat) and the link alone (1 process per node); ``measured``: more."""
+    across = {"1": {"alpha": 5e-4, "beta": 1.3e-9, "cpu_alpha": 4e-4, "cpu_beta": 8e-10},
+              "2": {"alpha": 6e-3, "beta": 1.9e-9, "cpu_alpha": 1.7e-3, "cpu_beta": 8e-10}}
+    return Calibration({"model.name": "mlp", "data.batch_size": 32}, [], 10, [40.0], 0.0, 1.0, 2,
+                       {"1": {"step_s": 0.01, "compute_s": 0.008}},
+                       allreduce={"2": {"alpha": 7e-4, "beta": 6e-10, "cpu_alpha": 2e-4, "cpu_beta": 7e-10}},
+                       share={"2": 0.4}, nnodes=2, across=across, **measured)
+
+
 def test_a_calibration_across_nodes_forecasts_flat_and_hierarchical_from_its_measured_parts(tmp_path):
-    # What `plan calibrate --nproc 2 --nnodes 2` measures: the node's own all-reduce at 2 processes, the
-    # all-reduce over both nodes' 4 processes (flat) and the link alone (1 process per node).
-    fit = {"2": {"alpha": 7e-4, "beta": 6e-10}, "across": {"1": {"alpha": 5e-4, "beta": 1.3e-9, "cpu_alpha": 4e-4,
-                                                               "cpu_beta": 8e-10},
-                                                         "2": {"alpha": 6e-3, "beta": 1.9e-9, "cpu_alpha": 1.7e-3,
-                                                               "cpu_beta": 8e-10}}}
-    cal = Calibration({"model.name": "mlp", "data.batch_size": 32}, [], 10, [40.0], 0.0, 1.0, 2,
-                      {"1": {"step_s": 0.01, "compute_s": 0.008}},
-                      allreduce={"2": {**fit["2"], "cpu_alpha": 2e-4, "cpu_beta": 7e-10}}, share={"2": 0.4},
-                      nnodes=2, across=fit["across"])
-    cal.save(tmp_path / "cal.json")
-    c = Calibration.load(tmp_path / "cal.json").cluster(4)
+    # A file written before the hierarchical all-reduce was measured itself: no across_hier, no replay_hier.
+    doc = dataclasses.asdict(_across_nodes())
+    del doc["across_hier"], doc["replay_hier"]
+    (tmp_path / "cal.json").write_text(json.dumps(doc))
+    cal = Calibration.load(tmp_path / "cal.json")
+    assert (cal.across_hier, cal.replay_hier) == ({}, {})
+    c = cal.cluster(4)
     n = 4e6
     assert c.gpus_per_node == 2  # a node holds what was calibrated on each, whatever --nproc asks
     assert c.allreduce_s(n, 2) == pytest.approx(7e-4 + 6e-10 * n)  # within a node: the node's own fit
@@ -167,3 +176,38 @@ def test_a_calibration_across_nodes_forecasts_flat_and_hierarchical_from_its_mea
     assert c.comm_cpu_s(n, 4, hierarchical=True) == pytest.approx(2e-4 + 7e-10 * n + 4e-4 + 8e-10 * n)
     assert c.allreduce_s(n, 8) > c.allreduce_s(n, 4)  # 4 nodes: the ring shape beyond the measured 2
     assert c.job_at(Job("j", 10, 32, 0.01, 0.008), 4)[1] == c.job_at(Job("j", 10, 32, 0.01, 0.008), 2)[1]
+    from trainscale.sim.cli import _across_nodes as said
+
+    assert said(cal)["hierarchical_allreduce"].startswith("the node's all-reduce plus the link's, each measured")
+
+
+def test_a_calibration_across_nodes_forecasts_hierarchical_from_its_own_measurement(tmp_path):
+    # The hierarchical all-reduce measured as the hook runs it: 10 ms more than its parts at every size.
+    hier = {"2": {"alpha": 7e-4 + 5e-4 + 1e-2, "beta": 6e-10 + 1.3e-9, "cpu_alpha": 3e-3, "cpu_beta": 2e-9}}
+    # The skeletons at 2 x 2: flat 30 ms, hierarchical 45 ms (25 MB buckets, overlapped: the plan's default).
+    step = {"bucket_mb": 25.0, "overlap": True, "buckets": 1, "threads": 1}
+    _across_nodes(across_hier=hier, replay={"4": {**step, "step_s": 0.03}},
+                  replay_hier={"4": {**step, "step_s": 0.045}}).save(tmp_path / "cal.json")
+    cal = Calibration.load(tmp_path / "cal.json")
+    c = cal.cluster(4)
+    n = 4e6
+    assert c.allreduce_s(n, 4, hierarchical=True) == pytest.approx(1.12e-2 + 1.9e-9 * n)  # the fit, not the parts
+    assert c.allreduce_s(n, 4) == pytest.approx(6e-3 + 1.9e-9 * n)  # flat unchanged
+    assert c.comm_cpu_s(n, 4, hierarchical=True) == pytest.approx(3e-3 + 2e-9 * n)
+    # 4 nodes: only the inter-node part changes, by the link's all-reduce from 2 to 4 nodes (ring shape).
+    link = c.allreduce_s(n, 8, hierarchical=True) - c.allreduce_s(n, 4, hierarchical=True)
+    parts = Cluster(gpus_per_node=2, fitted=c.fitted, across=c.across, nodes_fitted=2)
+    assert link == pytest.approx(parts.allreduce_s(n, 8, hierarchical=True) - parts.allreduce_s(n, 4, hierarchical=True))
+    assert link > 0
+    # The plan at 2 x 2 is each skeleton as measured, flat and hierarchical.
+    job = cal.base_job(1)
+    flat, hierarchical = (forecast(job, c, Strategy(hierarchical=h), [4])[0] for h in (False, True))
+    assert (flat.step_time_s, hierarchical.step_time_s) == (pytest.approx(0.03), pytest.approx(0.045))
+    from trainscale.sim.cli import main
+
+    main(["--calibration", str(tmp_path / "cal.json"), "--nproc", "4", "--hierarchical", "--out",
+          str(tmp_path / "plan"), "--json", str(tmp_path / "plan.json")])
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["points"][0]["step_time_s"] == pytest.approx(0.045)
+    assert plan["assumptions"]["hierarchical_allreduce"].startswith("measured across 2 nodes as strategy.hierarch")
+    assert plan["assumptions"]["skeleton_hierarchical_step_s"] == {"4": 0.045}

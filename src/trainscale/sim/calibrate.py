@@ -6,6 +6,8 @@
    its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
    the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
    in one ``trainscale launch`` of :mod:`.probe`;
+   across several nodes also the all-reduce that ``strategy.hierarchical`` runs (the DDP hook's node
+   reduce-scatter, all-reduce across nodes and node all-gather) and the skeleton with it;
 4. with ``interference``, before the probe: the job at 1 and at P ranks with the gradient exchange switched off
    (the doctor's ``ablate.comm``); the ratio of their CPU per step is how much the job's work inflates when P
    ranks share this host's caches and cores, and the skeleton spins that much more.
@@ -91,7 +93,8 @@ def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float 
 def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None = None,
            launcher: LauncherOptions | None = None) -> dict[str, Any]:
     """One launch of the probe on ``nproc`` processes (through ``trainscale launch``, i.e. torchrun); with a
-    multi-node ``launcher``, ``nproc`` on every node (the other nodes follow: ``trainscale.nodes``)."""
+    multi-node ``launcher``, ``nproc`` on every node (the other nodes follow: ``trainscale.nodes``), and with
+    2 or more per node the hierarchical all-reduce too."""
     from .. import jobs
 
     nodes = launcher.argv() if launcher and launcher.multi_node else []
@@ -101,6 +104,8 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
                "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
         if sk:
             cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
+        if nodes and nproc > 1:
+            cmd.append("--hierarchical")
         env = jobs.unplaced(os.environ)  # placed by the launcher options above, not by a scheduler's variables
         if nodes and jobs.on_launch is not None:
             jobs.on_launch(cmd, {}, f"all-reduce probe, {nproc} process(es) per node")
@@ -165,9 +170,15 @@ def _fitted(d: dict[str, Any]) -> dict[str, Any]:
             "cpu_points": d["allreduce_cpu"], "queued_points": d["allreduce_queued"]}
 
 
-def _said(say: Callable[[str], None], f: dict[str, Any], rest: str) -> None:
+def _replayed(step: dict[str, Any], layout: dict[str, Any], sk: dict[str, Any], threads: int) -> dict[str, Any]:
+    """A skeleton's measured step with what it replayed (the calibration's ``replay`` entry)."""
+    return {**step, "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"], "buckets": len(sk["buckets"]),
+            "threads": threads, "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
+
+
+def _said(say: Callable[[str], None], f: dict[str, Any], rest: str, what: str = "") -> None:
     beta = f["beta"]
-    say(f"  alpha {f['alpha'] * 1e6:.0f} us, beta {beta * 1e9:.3f} ns/B "
+    say(f"  {what}alpha {f['alpha'] * 1e6:.0f} us, beta {beta * 1e9:.3f} ns/B "
         f"({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), residual {f['residual']:.0%}, "
         f"CPU {f['cpu_alpha'] * 1e6:.0f} us + {f['cpu_beta'] * 1e9:.3f} ns/B per call{rest}")
 
@@ -179,8 +190,8 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
 
     ``with_base=False`` skips the 1-process run at all cores (needed for speed-up, not for step times);
     ``interference=True`` also measures the job at 1 and at P ranks without the exchange (:func:`_inflation`);
-    a multi-node ``launcher``: the all-reduce and the skeleton also at P processes on every node, and the link
-    between nodes alone (1 process on each); the 1-process runs stay on this node.
+    a multi-node ``launcher``: the all-reduce and the skeleton also at P processes on every node, flat and
+    hierarchical, and the link between nodes alone (1 process on each); the 1-process runs stay on this node.
     """
     from ..jobs import check_train_args
 
@@ -214,6 +225,8 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     across: dict[str, dict[str, Any]] = {}
     share: dict[str, float] = {}
     replay: dict[str, dict[str, Any]] = {}
+    across_hier: dict[str, dict[str, Any]] = {}
+    replay_hier: dict[str, dict[str, Any]] = {}
     multi = launcher is not None and launcher.multi_node
     nn = node_count(launcher) if launcher is not None and multi else 1
     for p in (n for n in nprocs if n > 1):
@@ -221,17 +234,21 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
         sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
         for world, opts in ((p, None), (p * nn, launcher)) if multi else ((p, None),):
             say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes"
-                + (f" on each of {nn} nodes" if opts else ""))
+                + (f" on each of {nn} nodes, flat and hierarchical" if opts else ""))
             d = _probe(p, timeout, t, sk, opts)
             (across if opts else allreduce)[str(p)] = f = _fitted(d)
             if not opts:
                 share[str(p)] = float(d["share"])
-            replay[str(world)] = {**d["skeleton"], "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"],
-                                  "buckets": len(sk["buckets"]), "threads": t,
-                                  "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
+            replay[str(world)] = _replayed(d["skeleton"], layout, sk, t)
             commands.append(d["command"])
             _said(say, f, f", core share {float(d['share']):.2f}, skeleton step "
-                          f"{replay[str(world)]['step_s'] * 1e3:.1f} ms")
+                          f"{replay[str(world)]['step_s'] * 1e3:.1f} ms", "flat: " if opts else "")
+            if opts and "hierarchical" in d:
+                h = d["hierarchical"]
+                across_hier[str(p)] = f = _fitted(h)
+                replay_hier[str(world)] = _replayed(h["skeleton"], layout, sk, t)
+                _said(say, f, f", skeleton step {replay_hier[str(world)]['step_s'] * 1e3:.1f} ms",
+                      "hierarchical (node reduce-scatter, all-reduce across, node all-gather): ")
     if multi:
         say(f"calibrate: the link between nodes, 1 process on each of {nn} nodes")
         d = _probe(1, timeout, n_cores, None, launcher)
@@ -241,6 +258,7 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, allreduce, share,
                       machine=f"{platform.node()}, {n_cores} cores" + (f" per node, {nn} nodes" if multi else ""),
-                      commands=commands, replay=replay, inflation=inflation, nnodes=nn, across=across)
+                      commands=commands, replay=replay, inflation=inflation, nnodes=nn, across=across,
+                      across_hier=across_hier, replay_hier=replay_hier)
     cal.save(out)
     return cal

@@ -54,6 +54,13 @@ def fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[AlphaBeta, float]
     return ab, math.sqrt(sum(rel) / len(rel)) if rel else 0.0
 
 
+def _fits(entries: dict[str, dict[str, Any]], cpu: bool = False) -> dict[int, AlphaBeta]:
+    """Process count -> an entry's all-reduce fit: its seconds, or with ``cpu`` its CPU seconds (0 if not kept)."""
+    if cpu:
+        return {int(p): AlphaBeta(v.get("cpu_alpha", 0.0), v.get("cpu_beta", 0.0)) for p, v in entries.items()}
+    return {int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in entries.items()}
+
+
 @dataclass
 class Calibration:
     """One job measured on one machine."""
@@ -72,6 +79,11 @@ class Calibration:
     inflation: dict[str, dict[str, Any]] = field(default_factory=dict)  # P -> {factor, ...}: CPU/step at P over 1
     nnodes: int = 1                      # nodes the ``across`` probes spanned (``allreduce``: one node's own)
     across: dict[str, dict[str, Any]] = field(default_factory=dict)  # P per node -> the all-reduce over every node
+    # P per node (2 or more) -> the hierarchical all-reduce over every node as the DDP hook of strategy.hierarchical
+    # runs it (fitted as ``across``); world -> the skeleton step with its buckets exchanged so. Empty in files
+    # written before they were measured: the forecast then adds the node's and the link's all-reduces.
+    across_hier: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replay_hier: dict[str, dict[str, Any]] = field(default_factory=dict)
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -119,18 +131,17 @@ class Calibration:
 
     def cluster(self, nproc_max: int = 1) -> Cluster:
         """This machine as a cluster: all-reduce time and CPU fits, core shares and per-thread-count jobs."""
-        fitted = {int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in self.allreduce.items()}
-        cpu = {int(p): AlphaBeta(v.get("cpu_alpha", 0.0), v.get("cpu_beta", 0.0)) for p, v in self.allreduce.items()}
+        fitted = _fits(self.allreduce)
         single = {int(t): self.base_job(int(t)) for t in self.single}
         # Other programs' runnable threads, from the 1-process run with the fewest threads: extrapolates the
         # core share to process counts the probe did not run.
         one = single[min(single)]
         # Several nodes: a node holds the most processes per node calibrated across them (replay is per world).
         per_node = max(int(p) for p in self.across) if self.across else max([nproc_max, *fitted, 1])
-        return Cluster(gpus_per_node=per_node, device="cpu", fitted=fitted, comm_cpu=cpu,
+        return Cluster(gpus_per_node=per_node, device="cpu", fitted=fitted, comm_cpu=_fits(self.allreduce, cpu=True),
                        share={int(p): float(v) for p, v in self.share.items()}, single=single, cores=self.cores,
                        replay={int(p): v for p, v in self.replay.items()},
                        outside=outside_threads(one.core_share, one.threads, self.cores),
-                       across={int(p): AlphaBeta(v["alpha"], v["beta"]) for p, v in self.across.items()},
-                       across_cpu={int(p): AlphaBeta(v.get("cpu_alpha", 0.0), v.get("cpu_beta", 0.0))
-                                   for p, v in self.across.items()}, nodes_fitted=self.nnodes)
+                       across=_fits(self.across), across_cpu=_fits(self.across, cpu=True), nodes_fitted=self.nnodes,
+                       across_hier=_fits(self.across_hier), across_hier_cpu=_fits(self.across_hier, cpu=True),
+                       replay_hier={int(p): v for p, v in self.replay_hier.items()})

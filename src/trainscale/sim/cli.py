@@ -412,7 +412,20 @@ def _machine_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
                         "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()},
                         # measured with --interference: the job's CPU per step on P ranks over 1 process
                         "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
+    if cal.nnodes > 1:
+        assumptions.update(_across_nodes(cal))
     return _Target(job, cluster, worlds, f"trainscale plan: {job.name} on this machine ({cal.cores} cores)")
+
+
+def _across_nodes(cal: Any) -> dict[str, Any]:
+    """What a calibration across nodes measured of the hierarchical all-reduce, for the plan's assumptions."""
+    if not cal.across_hier:  # a file from before it was measured
+        return {"hierarchical_allreduce": "the node's all-reduce plus the link's, each measured (not measured "
+                                          "itself: re-run `trainscale plan calibrate` across the nodes)"}
+    return {"hierarchical_allreduce": f"measured across {cal.nnodes} nodes as strategy.hierarchical's DDP hook runs "
+                                      "it (node reduce-scatter, all-reduce across, node all-gather)",
+            # the hierarchical forecast at these P is anchored on the skeleton measured with that exchange
+            "skeleton_hierarchical_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay_hier.items()}}
 
 
 def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: dict[int, float],

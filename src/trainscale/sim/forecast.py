@@ -89,6 +89,11 @@ class Cluster:
     across: dict[int, AlphaBeta] = field(default_factory=dict)
     across_cpu: dict[int, AlphaBeta] = field(default_factory=dict)
     nodes_fitted: int = 1
+    # The same for the hierarchical all-reduce as strategy.hierarchical's hook runs it (processes per node, 2 or
+    # more), and world -> the skeleton step with it; empty: hierarchical is the sum of its measured parts.
+    across_hier: dict[int, AlphaBeta] = field(default_factory=dict)
+    across_hier_cpu: dict[int, AlphaBeta] = field(default_factory=dict)
+    replay_hier: dict[int, dict[str, Any]] = field(default_factory=dict)
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
 
@@ -133,14 +138,29 @@ class Cluster:
                               self.inter.hop_s, self.base_lat_s)
 
     def _across_s(self, nbytes: float, local: int, nodes: int, hierarchical: bool) -> float:
-        """An all-reduce over ``nodes`` calibrated nodes of ``local`` ranks: measured flat, or hierarchical from
-        its measured parts: the node's own all-reduce (reduce-scatter + all-gather) and the inter-node all-reduce,
-        whose ``local`` concurrent rings on 1/local of the bytes each share the nodes' link."""
+        """An all-reduce over ``nodes`` calibrated nodes of ``local`` ranks: measured flat; hierarchical as measured
+        (:meth:`_hier_measured_s`), else from its measured parts: the node's own all-reduce (reduce-scatter +
+        all-gather) and the inter-node all-reduce, whose ``local`` concurrent rings on 1/local of the bytes each
+        share the nodes' link."""
+        if hierarchical and local > 1 and local in self.across_hier:
+            return self._hier_measured_s(nbytes, local, nodes)
         if hierarchical and local > 1 and 1 in self.across:
             return (_measured_ring(self.fitted, local, nbytes)
                     + _measured_ring({self.nodes_fitted: self.across[1]}, nodes, nbytes))
         per_node = local if local in self.across else max(self.across)
         return _measured_ring({self.nodes_fitted * per_node: self.across[per_node]}, local * nodes, nbytes)
+
+    def _hier_measured_s(self, nbytes: float, local: int, nodes: int) -> float:
+        """The measured hierarchical all-reduce of ``local`` ranks per node, on ``nodes`` nodes.
+
+        Measured on ``nodes_fitted`` nodes; on another count only its inter-node part changes, so the link's own
+        all-reduce (``across[1]``, ring shape beyond the measured count) is moved from one count to the other.
+        """
+        t = self.across_hier[local].time(nbytes)
+        if nodes != self.nodes_fitted and 1 in self.across:
+            link = {self.nodes_fitted: self.across[1]}
+            t += _measured_ring(link, nodes, nbytes) - _measured_ring(link, self.nodes_fitted, nbytes)
+        return max(t, 0.0)
 
     def job_at(self, job: Job, world: int) -> tuple[Job, float]:
         """(the 1-device job as each of ``world`` ranks runs it, per-thread slow-down from sharing the host).
@@ -159,11 +179,13 @@ class Cluster:
 
     def comm_cpu_s(self, nbytes: float, world: int, hierarchical: bool = False) -> float:
         """CPU seconds one rank spends in an all-reduce of ``nbytes`` (0 where not measured); across calibrated
-        nodes hierarchically, its node's all-reduce and the inter-node one."""
+        nodes hierarchically, as measured, else its node's all-reduce and the inter-node one."""
         if world <= 1 or nbytes <= 0 or not self.comm_cpu:
             return 0.0
         local = min(world, self.gpus_per_node)
         if world > local and self.across_cpu:
+            if hierarchical and local > 1 and local in self.across_hier_cpu:
+                return self.across_hier_cpu[local].time(nbytes)
             if hierarchical and 1 in self.across_cpu:
                 own = self.comm_cpu.get(local, self.comm_cpu[max(self.comm_cpu)]).time(nbytes) if local > 1 else 0.0
                 return own + self.across_cpu[1].time(nbytes)
@@ -405,11 +427,14 @@ def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
     The skeleton (``sim/probe.py``) ran the job's CPU demand and buckets on P ranks of this host, so it saw what
     processor sharing alone does not: ranks blocked in a collective leave their cores idle, a late rank keeps the
     others waiting. The model keeps what it is for: how another strategy changes the step, relative to that.
+    A hierarchical strategy is anchored on the skeleton measured with the hierarchical exchange where there is one.
     """
-    r = cluster.replay.get(p.world_size)
+    hier = s.hierarchical and p.world_size in cluster.replay_hier
+    r = cluster.replay_hier.get(p.world_size) if hier else cluster.replay.get(p.world_size)
     if not r or s.ps_mode or p.world_size <= 1:
         return p
-    ref = _step(job, cluster, Strategy(bucket_mb=float(r["bucket_mb"]), overlap=bool(r["overlap"])), p.world_size)
+    ref = _step(job, cluster, Strategy(bucket_mb=float(r["bucket_mb"]), overlap=bool(r["overlap"]), hierarchical=hier),
+                p.world_size)
     k = float(r["step_s"]) / ref.step_time_s
     return replace(p, step_time_s=p.step_time_s * k, samples_per_s=p.samples_per_s / k, compute_s=p.compute_s * k,
                    comm_exposed_s=p.comm_exposed_s * k, comm_total_s=p.comm_total_s * k, bubble_s=p.bubble_s * k,
