@@ -6,6 +6,7 @@ import hashlib
 import math
 import os
 import random
+import statistics
 import subprocess
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from trainscale.data.loader import PREFETCH_THREAD
 from trainscale.strategies.comm import CommMeter
-from trainscale.train.instruments.accounting import BLOCK, Accounting
+from trainscale.train.instruments.accounting import BLOCK, READ_EVERY_S, Accounting
 from trainscale.train.instruments.clocks import estimate_offset, measure_offset
 from trainscale.train.instruments.schedstat import TaskStat, ThreadSet, available, classify_thread
 
@@ -146,6 +147,37 @@ def test_accounting_rows_spread_each_block_of_other_threads_evenly():
     assert sum(r[0] for r in rows) == pytest.approx(9 * rep["runq_s"]["main"], rel=1e-6)
     acct.schedule(warm=0, block=0)  # no phase plan: the default block
     assert acct.block == BLOCK
+
+
+def test_short_steps_are_read_together_and_their_time_spread_evenly(monkeypatch):
+    """A read of schedstat between two steps costs the step far more than its own time: steps shorter than
+    READ_EVERY_S share one read (spread evenly over them), longer ones are read one by one."""
+    acct = Accounting(0, None, True, 0.0, 0.0)
+    acct.schedule(warm=0, block=1000)  # no block ends inside: only the time decides
+    reads = []
+    real = acct._read_main
+    monkeypatch.setattr(acct, "_read_main", lambda: reads.append(1) or real())
+    t0 = time.perf_counter()
+    acct.loop_starts(t0)
+    for step in range(1, 41):  # 40 steps of about 1 ms of CPU
+        t_prev = time.perf_counter()
+        end = t_prev + 0.001
+        while time.perf_counter() < end:
+            pass
+        acct.step_done(step, True, t_prev)
+    short_reads, elapsed = len(reads) - 1, time.perf_counter() - t0  # - 1: the re-base at the loop's start
+    for step in range(41, 46):  # 5 steps of 2 x READ_EVERY_S
+        t_prev = time.perf_counter()
+        time.sleep(2 * READ_EVERY_S)
+        acct.step_done(step, True, t_prev)
+    acct.end()
+    assert 2 <= short_reads <= min(20, elapsed / READ_EVERY_S + 1), (short_reads, elapsed)  # one per 10 ms, not 40
+    assert len(reads) - 1 - short_reads >= 5  # long steps: one read each (and the last block's)
+    rows = [acct.row(i, 0.0, 0.0) for i in range(45)]
+    cpu = [r[2] for r in rows[:40]]
+    assert all(c > 0 for c in cpu) and sum(cpu) == pytest.approx(acct.report()["cpu_s"]["main"] * 45 - sum(
+        r[2] for r in rows[40:]), rel=1e-6)
+    assert 0.5e-3 < statistics.median(cpu) < 3e-3  # each short step holds about its own millisecond
 
 
 def test_under_fsdp_the_exposed_wait_is_the_blocked_time_outside_the_data_wait():

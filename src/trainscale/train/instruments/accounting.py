@@ -12,11 +12,16 @@ Per measured step, this rank records
 - when its last gradient became ready, on a clock common to all ranks (``clocks.py``): the rank that
   arrives last at the step's collective is the one the others waited for.
 
-The training thread is read at every step (one ``os.pread``). The other threads are read once per block of
-steps (a block of ``ablate.phases``, else ``BLOCK`` steps), their thread list rescanned every ``RESCAN``
-blocks: a block's total is spread evenly over its steps, so ``runq_crit_s`` and ``cpu_all_s`` of one step are
-its own training thread's time plus 1/n of the block's other threads' time. Reading every thread at every
-step would cost several times more (``benchmarks/doctor_accounting.py`` measures each read).
+The training thread is read (one ``os.pread``) at the end of every step that ends ``READ_EVERY_S`` or more
+after its last read, and at the end of each block; what it did since is spread evenly over the steps since, so
+steps of 10 ms or more are read one by one. A read of schedstat costs about 1.5 us in a loop but 13-18 us of
+the training thread's CPU when it falls between two steps (the kernel's work displaces the step's caches): read
+every step, it cost 2-3% of a 1.2 ms step (``benchmarks/doctor_accounting.py``). The other threads are read
+once per block of steps (a block of ``ablate.phases``, else ``BLOCK`` steps), their thread list rescanned every
+``RESCAN`` blocks, a block's total likewise spread evenly over its steps. Spreading a rank's run-queue wait over
+a few short steps leaves its sum as it was; what it can blur is which rank waited in which step, and on a saved
+run of the memory-bandwidth case (50 ms steps) spreading over even 8 steps moved the measured CPU contention
+from 39.1 to 38.0 ms per step.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from .accounting_summary import local_cpu_limits
 from .clocks import measure_offset
 from .schedstat import THREAD_CLASSES, ThreadSet, available, read_schedstat
 
-__all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW"]
+__all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW", "READ_EVERY_S"]
 
 BLOCK = 8  # steps per read of the other threads when no phase plan sets the block
+READ_EVERY_S = 0.01  # the training thread is read at the first step end this long after its last read
 RESCAN = 4  # blocks per rescan of the thread list
 NAN_ROW = [math.nan] * (len(STEP_ROW) - 4)  # rank_steps columns 4-8 of a step without accounting
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
@@ -52,9 +58,10 @@ def start_accounting(rank: int, world: int, store: Any, meter: Any, device_type:
 class Accounting:
     """This rank's per-step accounting; the instruments call ``step_called``, ``step_done`` and the block seams.
 
-    The step's path is kept to one ``pread`` and one append: per measured step a tuple (training thread's
-    on-CPU ns, its run-queue ns, arrival on rank 0's clock, exposed communication wait); per block the other
-    threads' share per step. Rows and the report are built from these at the end.
+    The step's path is kept to one append and a clock read: per measured step a tuple (training thread's
+    on-CPU ns, its run-queue ns, arrival on rank 0's clock, exposed communication wait), the first two filled in
+    at the next read of the training thread; per block the other threads' share per step. Rows and the report
+    are built from these at the end.
     """
 
     def __init__(self, rank: int, meter: Any, comm_measured: bool, offset: float, bound: float):
@@ -73,7 +80,10 @@ class Accounting:
             self.others = ThreadSet(tid)
             self.others.rescan()
         self._cpu, self._runq = self._read_main()
-        self._steps: list[tuple[int, int, float, float]] = []  # per measured step: cpu ns, runq ns, arrival, comm
+        self._t_read = time.perf_counter()
+        self._unread = self._unread_measured = 0  # steps since the training thread's last read (all; measured)
+        self._last_runq_s = math.nan
+        self._steps: list[tuple[float, float, float, float]] = []  # per measured step: cpu ns, runq ns, arrival, comm
         self._others: list[tuple[float, float]] = []  # per measured step: the other threads' cpu, runq ns
         self.cpu_ns = dict.fromkeys(THREAD_CLASSES, 0.0)  # other classes, summed over measured steps
         self.runq_ns = dict.fromkeys(THREAD_CLASSES, 0.0)
@@ -99,24 +109,36 @@ class Accounting:
         self._t_call = now
 
     def step_done(self, step: int, measured: bool, t_prev: float) -> None:
-        """Step ``step`` (1-based, this run) ended; it began at ``t_prev``. One read of the training thread."""
-        fd = self._fd
-        if fd is None:
+        """Step ``step`` (1-based, this run) ended; it began at ``t_prev``. The training thread is read when the
+        block ends or ``READ_EVERY_S`` has passed since its last read."""
+        if self._fd is None:
             return
-        fields = os.pread(fd, 96, 0).split()
-        cpu, runq = int(fields[0]), int(fields[1])
         if measured:
-            self._steps.append((cpu - self._cpu, runq - self._runq, self._arrival(t_prev) + self.offset,
-                                self._comm_wait()))
+            self._steps.append((0.0, 0.0, self._arrival(t_prev) + self.offset, self._comm_wait()))
             self._block_measured += 1
-        self._cpu, self._runq = cpu, runq
+            self._unread_measured += 1
+        self._unread += 1
         self._block_steps += 1
         if step >= self.warm and (step - self.warm) % self.block == 0:
             self.close_block()
+        elif time.perf_counter() - self._t_read >= READ_EVERY_S:
+            self._read_spread()
+
+    def _read_spread(self) -> None:
+        """Read the training thread; spread what it did since its last read evenly over the steps since."""
+        cpu, runq = self._read_main()
+        n, m = self._unread, self._unread_measured
+        if n:
+            c, r = (cpu - self._cpu) / n, (runq - self._runq) / n
+            self._last_runq_s = r / 1e9
+            for i in range(len(self._steps) - m, len(self._steps)):
+                self._steps[i] = (c, r, *self._steps[i][2:])
+        self._cpu, self._runq, self._t_read = cpu, runq, time.perf_counter()
+        self._unread = self._unread_measured = 0
 
     def last_runq_s(self) -> float:
-        """The training thread's run-queue wait in the last measured step (NaN before one)."""
-        return self._steps[-1][1] / 1e9 if self._steps else math.nan
+        """The training thread's run-queue wait per step at its last read (NaN before one)."""
+        return self._last_runq_s
 
     def _arrival(self, t_prev: float) -> float:
         """When this step's last gradient was ready; without gradient hooks, when ``run.step()`` was called."""
@@ -140,6 +162,7 @@ class Accounting:
         """
         if self._fd is None or self.others is None or not self._block_steps:
             return
+        self._read_spread()  # the training thread's steps of this block are all filled in
         if self._blocks % RESCAN == 0:
             self.others.rescan()  # before reading: a thread found now is read whole
         self._blocks += 1
@@ -162,8 +185,12 @@ class Accounting:
         """Step time resumes: what the threads did meanwhile is not counted."""
         if self._fd is None or self.others is None:
             return
+        if self._unread:
+            self._read_spread()  # a block left open: its steps keep the training thread's time up to now
         self._others.extend([(math.nan, math.nan)] * self._block_measured)  # a block left open: no share
         self._cpu, self._runq = self._read_main()
+        self._t_read = time.perf_counter()
+        self._unread = self._unread_measured = 0
         self.others.rescan()
         self.others.read()
         self._block_steps = self._block_measured = 0
