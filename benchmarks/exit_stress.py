@@ -57,7 +57,7 @@ PATHS: dict[str, Callable[[Path], tuple[list[str], dict[str, str]]]] = {
     "lab": _script("runapi", lambda d: {"TRAINSCALE_ARGS": "--ablate.phases base,no_comm --ablate.phase_steps 2 --job.steps 8",
                                         "TRAINSCALE_JSON": str(d / "run.json")}),
     # the planner's calibration probe
-    "probe": lambda d: (["launch", "--nproc-per-node", "2", "-m", "trainscale.sim.probe", "--out", str(d / "p.json"),
+    "probe": lambda d: (["launch", "--nproc-per-node", "2", "-m", "trainscale.strategies.probe", "--out", str(d / "p.json"),
                          "--sizes", "4096", "--budget", "0.01", "--spin", "0.05"], {}),
 }
 

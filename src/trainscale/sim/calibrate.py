@@ -5,7 +5,7 @@
 3. per process count P: the backend's all-reduce at several sizes (alpha and beta fitted, residual kept, and
    its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
    the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
-   in one ``trainscale launch`` of :mod:`.probe`;
+   in one ``trainscale launch`` of ``trainscale.strategies.probe`` (there: it runs the strategies' own hooks);
    across several nodes also the all-reduce that ``strategy.hierarchical`` runs (the DDP hook's node
    reduce-scatter, all-reduce across nodes and node all-gather) and the skeleton with it;
 4. with ``interference``, before the probe: the job at 1 and at P ranks with the gradient exchange switched off
@@ -101,7 +101,7 @@ def _probe(nproc: int, timeout: float, threads: int, sk: dict[str, Any] | None =
     with tempfile.TemporaryDirectory(prefix="trainscale-probe-") as tmp:
         out = Path(tmp) / "probe.json"
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(nproc), *nodes, "-m",
-               "trainscale.sim.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
+               "trainscale.strategies.probe", "--out", str(out), "--sizes", SIZES, "--threads", str(threads)]
         if sk:
             cmd += ["--skeleton", json.dumps(sk, separators=(",", ":"))]
         if nodes and nproc > 1:

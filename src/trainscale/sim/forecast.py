@@ -424,7 +424,7 @@ def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, b
 def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
     """On a calibrated host, the model's point scaled so the calibrated strategy gives its skeleton's measured step.
 
-    The skeleton (``sim/probe.py``) ran the job's CPU demand and buckets on P ranks of this host, so it saw what
+    The skeleton (``strategies/probe.py``) ran the job's CPU demand and buckets on P ranks of this host, so it saw what
     processor sharing alone does not: ranks blocked in a collective leave their cores idle, a late rank keeps the
     others waiting. The model keeps what it is for: how another strategy changes the step, relative to that.
     A hierarchical strategy is anchored on the skeleton measured with the hierarchical exchange where there is one.

@@ -4,9 +4,12 @@ job's CPU demand and buckets) the step of a skeleton of the job: its CPU spun, i
 ``--hierarchical`` on several nodes, the same again with the all-reduce that ``strategy.hierarchical`` runs (the
 DDP hook itself over the launcher's nodes).
 
+It lives with the strategies, not with the planner that reads its output: it runs the strategies' own exchanges
+(the hierarchical DDP hook), and the strategies already build on the planner's cost formulas.
+
 Run by ``trainscale plan calibrate``; by hand::
 
-    trainscale launch --nproc-per-node 2 -m trainscale.sim.probe --out ar2.json
+    trainscale launch --nproc-per-node 2 -m trainscale.strategies.probe --out ar2.json
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ def _skeleton_step(sk: dict, steps: int, budget_s: float, exchange: Exchange = _
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="trainscale.sim.probe")
+    p = argparse.ArgumentParser(prog="trainscale.strategies.probe")
     p.add_argument("--out", required=True)
     p.add_argument("--sizes", default="4096,65536,1048576,4194304")
     p.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size")
