@@ -7,7 +7,7 @@ no-op, the instrument still attached); ``noread`` (no reads at all: a placeholde
 (no block reads of the other threads). Compare variants over several alternated runs: one run's ratio moves by
 about 0.005-0.01 here. Last line: one JSON object with ``variant``, ``cpu_ratio`` and ``step_ratio`` (median over
 ABBA groups of chunks, with their 90% bootstrap intervals) and the median CPU per step on and off.
-Run: python benchmarks/doctor_accounting_parts.py VARIANT [--chunks 300 --device auto]
+Run: python benchmarks/doctor_accounting_parts.py [VARIANT] [--chunks 300 --device auto]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def patch(variant: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("variant", choices=VARIANTS)
+    ap.add_argument("variant", nargs="?", default="full", choices=VARIANTS, help="default: full")
     ap.add_argument("--chunks", type=int, default=300, help="chunks of 24 steps in the toggled run (half of them on)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="the job's --job.device")
     a = ap.parse_args()

@@ -6,7 +6,7 @@ off, on); in the "on" chunks each step is followed by one ``os.pread`` of the th
 over ABBA groups of the training thread's CPU per step, on over off; ``extra_us``: what that adds per step;
 ``loop_us``: the same read timed back to back. Last line: one JSON object.
 
-    python benchmarks/syscall_cost.py pread [--chunks 200]
+    python benchmarks/syscall_cost.py [pread|clock|none] [--chunks 200]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("pread", "clock", "none"))
+    ap.add_argument("mode", nargs="?", default="pread", choices=("pread", "clock", "none"), help="default: pread")
     ap.add_argument("--chunks", type=int, default=200, help="chunks of 24 steps (half of them on)")
     a = ap.parse_args()
     torch.set_num_threads(1)
