@@ -58,7 +58,7 @@ def test_a_shape_mismatch_one_rank_got_through_is_named_from_the_recent_collecti
     assert mismatch({0: r0, 1: same}) == ""  # a rank ahead after the same collectives is not a mismatch
 
 
-def test_the_launcher_names_a_sigkilled_rank_not_the_peer_that_lost_its_connection():
+def test_the_launcher_names_the_failed_rank_not_the_peer_that_lost_its_connection():
     from types import SimpleNamespace
 
     from trainscale.distributed.launcher import _failure_text
@@ -75,6 +75,12 @@ def test_the_launcher_names_a_sigkilled_rank_not_the_peer_that_lost_its_connecti
     assert _failure_text(err) == f"rank 0 failed: {hung}"
     err = SimpleNamespace(failures={0: failure(-15), 1: failure(1, reset)})
     assert _failure_text(err) == f"rank 1 failed: {reset}"
+    planted = "RuntimeError: planted failure on rank 1"  # both exits in one second: the peer's lost pair is second
+    closed = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4229"
+    err = SimpleNamespace(failures={0: failure(1, closed), 1: failure(1, planted)})
+    assert _failure_text(err) == f"rank 1 failed: {planted}"
+    err = SimpleNamespace(failures={0: failure(1, closed), 1: failure(-15, planted)})  # SIGTERM while tearing down
+    assert _failure_text(err) == f"rank 1 failed: {planted}"
 
 
 def test_preemption_agrees_on_one_step_past_every_rank():

@@ -19,6 +19,9 @@ from ..config import ConfigError
 from .cluster import Cluster, resolve
 from .table import print_env_table
 
+# What a rank's error reads like when a peer's exit closed its connections (Gloo's pair, the TCP store, NCCL).
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "failed to recv, got 0 bytes",
+             "remote process exited")
 PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.preempt.EXIT_PREEMPTED)
 
 __all__ = ["LaunchSpec", "launch", "LaunchFailed", "Preempted", "with_cluster"]
@@ -222,7 +225,10 @@ def _failure_text(err: Exception) -> str:
 
     A watchdog's verdict (``RankHung``, which names the culprit it then killed) comes first; then a rank killed
     by SIGKILL (``kill -9``, the OOM killer: torchrun sends SIGTERM first), whose peers fail on the lost
-    connection in the same instant; then exit codes; then other signals.
+    connection in the same instant; then a rank's own error (its exit code, or the error file it wrote before
+    torchrun's SIGTERM found it still tearing down); then other signals; then the exits on a lost connection,
+    which a peer's exit caused (timestamps cannot order the two: torchrun's are whole seconds, and a loaded host
+    puts both exits in the same one); last SIGTERM, which torchrun sends to the ranks still running.
     """
     failures = getattr(err, "failures", {}) or {}
     if not failures:
@@ -230,8 +236,10 @@ def _failure_text(err: Exception) -> str:
 
     def order(kv: tuple[int, Any]) -> tuple[int, Any, int]:
         f = kv[1]
-        msg = f.message.get("message", "") if isinstance(f.message, dict) else ""
-        cls = 0 if "RankHung" in str(msg) else 1 if f.exitcode == -signal.SIGKILL else 2 if f.exitcode >= 0 else 3
+        msg = str(f.message.get("message", "") if isinstance(f.message, dict) else "")
+        cls = (0 if "RankHung" in msg else 1 if f.exitcode == -signal.SIGKILL else
+               4 if any(p in msg for p in PEER_LOST) else 2 if f.exitcode >= 0 or msg else
+               5 if f.exitcode == -signal.SIGTERM else 3)
         return cls, f.timestamp, kv[0]
 
     rank, f = min(failures.items(), key=order)

@@ -16,8 +16,9 @@ class RunError(ValueError):
 def report_bad_input_in_one_line() -> None:
     """Make a ``RunError`` or ``ConfigError`` that ends a user's script one line, not a traceback per rank.
 
-    The first rank prints ``trainscale: <what was wrong>``; every rank records it in torchrun's error file, so
-    ``trainscale launch`` names the rank and the line. Any other exception keeps Python's traceback.
+    The first rank prints ``trainscale: <what was wrong>``; any other exception keeps Python's traceback. Under
+    torchrun every rank records what ended it in torchrun's error file, so that ``trainscale launch`` names the
+    rank and its error, and can tell the rank that failed from a peer that only lost its connection to it.
     """
     from ..config import ConfigError
 
@@ -28,13 +29,20 @@ def report_bad_input_in_one_line() -> None:
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if not isinstance(value, (RunError, ConfigError)):
             previous(kind, value, tb)
-            return
-        if os.environ.get("RANK", "0") == "0":
+        elif os.environ.get("RANK", "0") == "0":
             print(f"trainscale: {value}", file=sys.stderr, flush=True)
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(value)
+            _record_for_torchrun(value, tb)
 
     hook.trainscale = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def _record_for_torchrun(value: BaseException, tb: TracebackType | None) -> None:
+    """Write ``value`` to torchrun's error file, with its traceback (torchrun's ``record`` does it for a function)."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    try:  # record_exception formats the exception being handled: an excepthook has none, so raise it once more
+        raise value.with_traceback(tb)
+    except BaseException:
+        ErrorHandler().record_exception(value)
