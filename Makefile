@@ -4,7 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-PIP     := $(BIN)/python -m pip install -q --disable-pip-version-check
+# --no-compile: Python compiles what a process imports on first use, not all of Ray and torch up front.
+PIP     := $(BIN)/python -m pip install -q --no-compile --disable-pip-version-check
 
 .PHONY: demo test test-full clean
 

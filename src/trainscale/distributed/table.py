@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
-from rich.table import Table
-
 __all__ = ["print_env_table"]
 
 
 def print_env_table(rows: list[dict], *, world: str, nodes: str, master: str, backend: str,
                     source: str | None = None) -> None:
     """Print world size, nodes, master endpoint, backend, where they came from, and one line per rank on stderr."""
+    from rich.console import Console  # here: every rank imports this module, rank 0 prints
+    from rich.table import Table
+
     console = Console(file=sys.stderr, width=120)
     console.print(f"[bold]Distributed environment[/]  world size {world} | nodes {nodes} | master {master} | "
                   f"backend {backend}", highlight=False)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 import time
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from ..log import logger
 
 __all__ = ["ProgressView"]
@@ -19,6 +17,8 @@ class ProgressView:
         self.enabled, self.total = enabled, total
         self.bar = None
         if enabled and (mode == "bar" or (mode == "auto" and sys.stderr.isatty())):
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
             self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                                 TimeRemainingColumn(), transient=False)
             self.task = self.bar.add_task("train", total=total, completed=start, info="")

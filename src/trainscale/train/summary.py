@@ -11,9 +11,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from ..reporting.files import atomic_write_bytes
 
 __all__ = ["write_summary", "read_summary", "print_summary", "median_spread", "strict_json", "summary_schema",
@@ -111,6 +108,9 @@ def _fmt(key: str, v: Any) -> str:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The table shown at the end of a run."""
+    from rich.console import Console  # here, not at the top: every rank imports this module, one prints
+    from rich.table import Table
+
     table = Table(title="Run summary", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
