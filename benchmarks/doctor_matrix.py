@@ -4,15 +4,20 @@ Planted causes (on the tests' small job): slow input (a shared slow disk), tiny 
 operator slow only at N processes (a sort that grows with the world size, ``tests/lab/planted_models.py``),
 and a clean job (one that scales: a small convolutional net whose exchange is a few percent of its step).
 Conditions: quiet; a CPU-bound process beside the job (``nice -n 10`` busy loop); a second copy of the same
-job running at the same time (a loop of the same doctor, so that it lasts as long as the measured one).
+job running at the same time (a loop of the same doctor, so that it lasts as long as the measured one). Two more
+that the doctor was not fitted on: ``bursty``, a busy loop at normal priority pinned to the last core, busy
+0.3 s then idle 0.3 s (load that comes and goes within one run); ``membw``, a loop copying 64 MB arrays pinned
+to the last core (it takes memory bandwidth from every core, and CPU from one).
 A cell is a hit when the planted cause is named first with verdict ``clear`` (for the clean job: no internal
 cause ``clear``; an ``external_load`` cause is allowed under load). Each doctor run is
 ``trainscale doctor --nproc 2 --repeat 2 --quick``, except the slow operator, which needs the second-level
 experiments (no ``--quick``). Last stdout line: one JSON object (also written to ``--json``).
-``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``, about 80 min).
+``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``; about 80 min for
+the first three conditions, so over two hours for all five).
 
     PYTHONPATH=src python benchmarks/doctor_matrix.py [--repeats 3]
-        [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin] [--json PATH] [--keep DIR]
+        [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin,bursty,membw]
+        [--json PATH] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -74,10 +79,21 @@ def hit(doc: dict, want: str | None) -> bool:
     return causes[0]["name"] == want and causes[0]["verdict"] == "clear"
 
 
+BURSTY = "import time\nwhile True:\n    end = time.monotonic() + 0.3\n    while time.monotonic() < end: pass\n" \
+         "    time.sleep(0.3)\n"
+MEMBW = "import numpy as np\na = np.ones(8 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)\n"  # 64 MB each
+CONDITIONS = ("quiet", "hog", "twin", "bursty", "membw")
+
+
 def background(condition: str, cause: str, tmp: Path) -> subprocess.Popen | None:
     """The condition's load, in its own process group (so that stopping it stops the twin's ranks too)."""
+    last_core = ["taskset", "-c", str((os.cpu_count() or 1) - 1)]
     if condition == "hog":
         cmd = ["nice", "-n", "10", sys.executable, "-c", "while True: pass"]
+    elif condition == "bursty":
+        cmd = [*last_core, sys.executable, "-c", BURSTY]
+    elif condition == "membw":
+        cmd = [*last_core, sys.executable, "-c", MEMBW]
     elif condition == "twin":  # the same job, run by a second doctor, again and again until the cell's run ends
         cmd = ["sh", "-c", 'while :; do "$@"; done', "twin", *command(cause, tmp / "twin", repeat=4)]
     else:
@@ -102,12 +118,15 @@ def stop(bg: subprocess.Popen) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--causes", default=",".join(PLANTED))
-    p.add_argument("--conditions", default="quiet,hog,twin")
+    p.add_argument("--repeats", type=int, default=3, help="runs per cell (default 3)")
+    p.add_argument("--causes", default=",".join(PLANTED), help=f"planted causes (default {','.join(PLANTED)})")
+    p.add_argument("--conditions", default=",".join(CONDITIONS), help=f"background (default {','.join(CONDITIONS)})")
     p.add_argument("--json", type=Path, help="also write the result here")
     p.add_argument("--keep", type=Path, help="keep each doctor's folder here (for benchmarks/doctor_reanalyse.py)")
     a = p.parse_args()
+    for name, given, known in (("--causes", a.causes, PLANTED), ("--conditions", a.conditions, CONDITIONS)):
+        if unknown := [x for x in given.split(",") if x not in known]:
+            p.error(f"{name} {given}: unknown {', '.join(unknown)} (one or more of {', '.join(known)})")
     cells = []
     if a.keep:
         a.keep.mkdir(parents=True, exist_ok=True)
@@ -129,7 +148,7 @@ def main() -> None:
                     top = [(c["name"], c["verdict"], round(c["seconds_per_step"] * 1e3, 3)) for c in doc["causes"][:3]]
                     results.append({"hit": hit(doc, want), "top": top, "efficiency": doc.get("efficiency"),
                                     "seconds": round(time.monotonic() - t0, 1)})
-                    print(f"{cond:5s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'MISS'} {top} "
+                    print(f"{cond:6s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'MISS'} {top} "
                           f"({results[-1]['seconds']} s)", flush=True)
                 cells.append({"condition": cond, "cause": cause, "hits": sum(x["hit"] for x in results),
                               "runs": len(results), "results": results})

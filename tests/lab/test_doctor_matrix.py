@@ -1,8 +1,8 @@
 """The doctor's acceptance matrix (planted cause x background condition, each cell repeated): every cell hits.
 
-About 80 minutes on a 2-core machine, so it runs only when asked: ``TRAINSCALE_MATRIX=1 pytest -s
-tests/lab/test_doctor_matrix.py`` (``TRAINSCALE_MATRIX_REPEATS`` sets the repeats per cell, default 3; ``TRAINSCALE_MATRIX_JSON`` keeps the
-result)."""
+Over two hours on a 2-core machine (about 80 minutes for three of its five conditions), so it runs only when
+asked: ``TRAINSCALE_MATRIX=1 pytest -s tests/lab/test_doctor_matrix.py`` (``TRAINSCALE_MATRIX_REPEATS`` sets the
+repeats per cell, default 3; ``TRAINSCALE_MATRIX_JSON`` keeps the result)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).parents[2]
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("TRAINSCALE_MATRIX") != "1",
-                                 reason="the doctor's matrix takes about 80 min: set TRAINSCALE_MATRIX=1")]
+                                 reason="the doctor's matrix takes over two hours: set TRAINSCALE_MATRIX=1")]
 
 
 @pytest.mark.timeout(4 * 3600)
