@@ -4,8 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # The CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-# --no-compile: Python compiles what a process imports on first use, not all of Ray and torch up front.
-PIP     := $(BIN)/python -m pip install -q --no-compile --disable-pip-version-check
+# pip compiles every module at install: keep it, since with PYTHONDONTWRITEBYTECODE=1 (set on this machine)
+# nothing compiled later is kept, and each process would compile torch again.
+PIP     := $(BIN)/python -m pip install -q --disable-pip-version-check
 
 .PHONY: demo test test-full clean
 
