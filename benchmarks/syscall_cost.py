@@ -19,6 +19,7 @@ import time
 
 import torch
 from _common import emit
+from doctor_accounting import group_ratios
 from torch import nn
 
 
@@ -52,7 +53,7 @@ def main() -> None:
             if active:
                 read()
         (on if active else off).append((time.thread_time() - c0) / 24)
-    groups = [(on[2 * i] + on[2 * i + 1]) / (off[2 * i] + off[2 * i + 1]) for i in range(min(len(on), len(off)) // 2)]
+    groups = group_ratios({"on": on, "off": off})
     t0 = time.perf_counter()
     for _ in range(10000):
         read()

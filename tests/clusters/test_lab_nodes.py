@@ -99,7 +99,7 @@ def test_bench_on_two_nodes_node_0_reports_node_1_takes_part(tmp_path):
     assert not (tmp_path / "node1" / "bench.json").exists()  # one report, node 0's
 
 
-@pytest.mark.full  # 34-44 s; the lab on nodes: test_a_taken_lab_port..., tests/clusters/test_nodes.py
+@pytest.mark.full  # slow (34-44 s); the lab on nodes stays: test_a_taken_lab_port_is_one_line_and_leaves_no_folder
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_doctor_on_two_kubeflow_pods_compares_one_process_with_one_per_node(tmp_path):
