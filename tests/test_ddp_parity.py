@@ -49,7 +49,8 @@ def reference():
 # Per-tensor buckets alone are checked through the run API (tests/runapi), on the same Strategy object.
 @pytest.mark.parametrize("extra", [
     [],
-    ["--strategy.bucket_mb", "0", "--strategy.overlap", "false"],
+    # one bucket per tensor: tests/strategies/test_parity.py (bucket_mb 0), tests/test_fusion_amp.py (the count)
+    pytest.param(["--strategy.bucket_mb", "0", "--strategy.overlap", "false"], marks=pytest.mark.full),
     pytest.param(["--strategy.grad_accum", "2"], marks=pytest.mark.full),  # the user loop's grad-accum-2 stays
 ], ids=["default", "per-tensor-no-overlap", "grad-accum-2"])
 def test_two_process_ddp_equals_one_process_on_concatenated_batches(tmp_path, reference, extra):

@@ -43,6 +43,7 @@ def test_reported_bucket_count_equals_allreduce_calls_issued(one_rank_group, buc
         assert 1 < len(calls) < 62
 
 
+@pytest.mark.full  # the count itself: test_reported_bucket_count_equals_allreduce_calls_issued
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_summary_reports_calls_per_step(tmp_path):

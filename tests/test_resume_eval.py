@@ -11,6 +11,7 @@ from trainscale.models import build_model
 JOB = ["--model", "mlp", "--model.width", "32", "--data", "digits", "--batch-size", "16", *FAST]
 
 
+@pytest.mark.full  # resumes bit for bit: tests/survive/test_faults.py (kill -9, SIGTERM), tests/data/test_data_resume.py
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_stopped_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path):

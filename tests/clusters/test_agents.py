@@ -37,7 +37,9 @@ JOB = ["--model", "mlp", "--model.width", "32", "--data", "digits", "--batch-siz
        "--checkpoint.every", "20", "--data.sample_delay_ms", "3", "--optim.lr", "0.05", *FAST, "--log.every", "1"]
 
 
-@pytest.mark.slow
+# A restart that resumes bit for bit: tests/survive/test_faults.py::test_kill9_with_one_restart_resumes_bit_for_bit;
+# two agents meeting through c10d: the test above.
+@pytest.mark.full
 @pytest.mark.timeout(420)
 def test_a_dead_node_comes_back_and_the_job_finishes_with_uninterrupted_weights(tmp_path):
     ref = tmp_path / "ref"

@@ -36,8 +36,11 @@ def test_the_sbatch_script_trains_like_a_plain_launch_under_srun_variables(tmp_p
     assert_same_weights(out, plain_launch)
 
 
+# SLURM's and Kubeflow's variables reach a run in the default tier through the two tests around this one (and
+# tests/clusters/test_resolver.py reads them all); one task per rank is the same resolution, without a launcher.
+@pytest.mark.full
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("scheduler", ["slurm", pytest.param("pytorchjob", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scheduler", ["slurm", "pytorchjob"])
 def test_scheduler_tasks_as_ranks_train_like_a_plain_launch(tmp_path, plain_launch, scheduler):
     """Each task runs ``python SCRIPT`` (srun --ntasks-per-node 1; a PyTorchJob with one process per pod)."""
     out = tmp_path / "w.pt"

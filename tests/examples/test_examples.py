@@ -43,6 +43,7 @@ def test_classify_digits(tmp_path):
     assert number(r"test accuracy ([\d.]+) on 297 digits", r.out) > 0.5  # chance: 0.1
 
 
+@pytest.mark.full  # a language model learning: test_gpt_learns_and_reports_its_flops_and_mfu
 def test_char_lm(tmp_path):
     r = launch("char_lm.py", "--steps", "40")
     first, last, uniform = (number(p, r.out) for p in (r"loss ([\d.]+) ->", r"-> ([\d.]+) \(", r"guess: ([\d.]+)"))
@@ -104,6 +105,7 @@ def test_local_sgd_exchanges_less_and_zero_keeps_less_state(tmp_path):
         assert s["eval_accuracy"] > 0.7 and s["loss_last"] < s["loss_first"]
 
 
+@pytest.mark.full  # the pipeline's training: tests/pipeline/test_pipeline_parity.py
 def test_pipeline_trains_through_forward_backward(tmp_path):
     r = launch("by_feature/pipeline.py", "--steps", "20", summary=tmp_path / "s.json")
     s = read_json(tmp_path / "s.json")

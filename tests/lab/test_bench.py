@@ -48,6 +48,7 @@ def test_bench_default_job_writes_report_and_consistent_efficiency(tmp_path):
     assert "efficiency" in r.out and "samples/s" in r.out
 
 
+@pytest.mark.full  # a crashing job's partial results and its log: tests/lab/test_lab_scripts.py::test_bad_scripts_are_clear_errors
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_crashing_job_stops_sweep_and_keeps_partial_results(tmp_path):

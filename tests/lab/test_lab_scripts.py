@@ -24,6 +24,7 @@ def test_doctor_names_the_slow_input_of_a_users_script(tmp_path):
     assert "TRAINSCALE_ARGS=" in doc["runs"][0]["command"] and str(EXAMPLE) in doc["runs"][0]["command"]
 
 
+@pytest.mark.full  # the lab on a user's script: the doctor test above; bench's sweep: tests/lab/test_bench.py
 @pytest.mark.timeout(600)
 def test_bench_on_a_users_script_reports_its_own_efficiency(tmp_path):
     out = tmp_path / "bench"

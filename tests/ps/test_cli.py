@@ -63,6 +63,8 @@ def test_bad_input_is_one_line_and_exit_2(args, key):
     assert len(lines) == 1 and lines[0].startswith(f"trainscale ps: {key}"), p.stderr
 
 
+# The summary's fields, the progress lines and Ray's stop on a normal end: tests/ps/test_user_job.py's CLI run.
+@pytest.mark.full
 @pytest.mark.timeout(150)
 def test_cli_run_writes_the_summary_and_stops_ray(tmp_path):
     mark = uuid.uuid4().hex

@@ -43,6 +43,7 @@ def test_runtime_experiment_writes_every_seed_and_intervals(ray_local, ps_actors
     assert (tmp_path / "runtime.png").stat().st_size > 1000
 
 
+@pytest.mark.full  # the intervals: test_mean_interval_is_the_student_t_interval; the modes: tests/ps/test_ray_training.py
 @pytest.mark.timeout(120)
 def test_convergence_experiment_writes_every_seeds_curve_and_intervals(ray_local, ps_actors, tmp_path, monkeypatch):
     import trainscale.ps.experiments as ex

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import user_job
-from test_cli import _env, _left_behind
+from test_cli import FIELDS, _env, _left_behind
 
 from trainscale.config import ConfigError
 from trainscale.ps.data import as_arrays, infer_info, resolve_loss
@@ -46,12 +46,14 @@ def test_cli_trains_the_users_model_on_the_users_data(tmp_path):
     out = tmp_path / "ps.json"
     p = subprocess.run([sys.executable, "-m", "trainscale", "ps", "--mode", "async", "--learners", "2",
                         "--shards", "2", "--steps", "150", "--model", "user_job:build", "--data", "user_job:data",
-                        "--ps.lr", "0.1", "--log.progress", "none", "--json", str(out)],
+                        "--ps.lr", "0.1", "--log.progress", "lines", "--log.every", "50", "--json", str(out)],
                        capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads(out.read_text())
     assert s["parameters"] == user_job.parameters(3)  # the user's model, with classes inferred from the data
+    assert all(f in s for f in FIELDS) and s["mode"] == "async" and len(s["timeline"]) == 150
     assert s["updates"] == 150 and s["loss_last"] < s["loss_first"]
+    assert "update 150/150" in p.stderr and "async: P=2" in p.stdout
     assert s["eval_accuracy"] > 0.9, s["eval_accuracy"]
     assert _left_behind(mark) == []
 

@@ -42,8 +42,10 @@ def test_users_loop_on_two_processes_equals_one_plain_process(tmp_path, referenc
 
 
 @pytest.mark.timeout(240)
+# Local SGD itself: tests/strategies/test_compression_local_sgd.py; a strategy in a user's loop: the parity above.
+@pytest.mark.full
 @pytest.mark.parametrize("strategy", [["--strategy.local_sgd_period", "2", "--strategy.local_sgd_warmup", "2"],
-                                      pytest.param(["--strategy.shard_optimizer", "true"], marks=pytest.mark.full)],
+                                      ["--strategy.shard_optimizer", "true"]],
                          ids=["local-sgd", "zero"])
 def test_strategies_in_a_users_loop_equal_trainscale_train(tmp_path, strategy):
     r = launch(SCRIPT, str(tmp_path / "w.pt"), overrides=strategy)
