@@ -188,6 +188,29 @@ def test_waiting_for_jitter_is_sync_wait_not_communication():
     assert "n/a, 40%" in causes(analyse(runs, 2, CTX, replicates=0))["sync_wait"]["evidence"]
 
 
+def test_slower_compute_beside_a_neighbour_is_only_likely_while_the_wait_for_a_core_is_larger():
+    from trainscale.lab.analysis import confounded_by_load
+
+    def cause(name: str, ms: float, **extra: object) -> dict:
+        return {"name": name, "seconds_per_step": ms / 1e3, "verdict": "clear", "significant": True,
+                "evidence": "measured", **extra}
+    outside = {"outside": [{"pid": 7717, "name": "python", "cores": 0.42}]}
+    # A clean job beside a bursty busy loop on one core (the doctor matrix, 2026-11-26): 29.38 ms/step of wait for a
+    # core, 5.50 ms of slower forward+backward left over. A planted straggler is per rank: not the neighbour's.
+    cs = {c["name"]: c for c in [cause("cpu_contention", 29.38, who=outside), cause("compute_interference", 5.50),
+                                 cause("straggler", 9.74)]}
+    confounded_by_load(list(cs.values()))
+    ci = cs["compute_interference"]
+    assert (ci["verdict"], ci["significant"], ci["confounded_by"]) == ("likely", False, "cpu_contention"), ci
+    assert "29.38 ms/step" in ci["evidence"] and "measure again without it" in ci["evidence"]
+    assert cs["straggler"]["verdict"] == "clear" and cs["cpu_contention"]["verdict"] == "clear"
+    # The job's own threads oversubscribing the cores, or slower compute larger than the wait: the job's own.
+    for who, wait_ms in (({"outside": []}, 29.38), (outside, 4.0)):
+        cs = [cause("cpu_contention", wait_ms, who=who), cause("compute_interference", 5.50)]
+        confounded_by_load(cs)
+        assert cs[1]["verdict"] == "clear" and "confounded_by" not in cs[1], (who, wait_ms)
+
+
 def test_under_an_outside_load_a_cause_smaller_than_the_load_is_only_likely():
     ctx = {**CTX, "external": {"cores": 0.95, "machine_cores": 2, "top": [{"pid": 4242, "name": "hog", "cores": 0.95}]}}
     # At N: compute 14 ms, 4 ms more than at 1 (within the 14 x (1 - 1/1.475) = 4.5 ms the neighbour can explain,
