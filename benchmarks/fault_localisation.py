@@ -14,7 +14,7 @@ step (a seeded RNG). The faults and the truth each is scored against:
 | ``quota``: a cgroup v1 CPU quota (where writable) | cpu_contention | the same |
 | ``stop``: SIGSTOP | hang | the hang report: that rank stopped, with a collective (``last collective #N``) |
 | ``kill``: SIGKILL | failed | the launcher: ``rank R failed`` |
-| ``skip``: it skips a metric all-reduce | mismatch | the hang report: ``mismatched collective #N``, that rank |
+| ``skip``: it skips a metric all-reduce | mismatch | the launcher: ``mismatched collective``, that rank (Gloo aborts) |
 | ``shape``: it gives that all-reduce another shape | mismatch | the same |
 
 Clean runs come in proportion (one after every three injected). A monitor's answer is its first episode of the
@@ -171,6 +171,8 @@ def end_all(p: subprocess.Popen, seen: set[Any]) -> int:
 STRAGGLER = re.compile(r"straggler: rank (\d+) \(.*?\) slow since step (\d+): ([\d.]+)x .*\((likely (.+)|cause unknown)\)")
 FAILED = re.compile(r"rank (\d+) failed: (.*)")
 MISMATCH = re.compile(r"mismatched collective #(\d+): (.*?); ranks? \d+ \(pid")
+# The launcher's form, when Gloo aborted a rank inside the collective (no number for that rank): the others' "its #N"
+MISMATCH_FAILED = re.compile(r"mismatched collective(?: #(\d+))?: (.*?); rank \d+ failed")
 ENTRY = re.compile(r"rank (\d+) (\w+) (\[.*?\]\])")
 
 
@@ -220,6 +222,10 @@ def judge(r: Run, lines: list[tuple[float, str]], onset: float | None, summary: 
         m = FAILED.search(ln)
         assert m is not None
         r.said, r.said_rank = "failed", [int(m.group(1))]
+        if (mm := MISMATCH_FAILED.search(ln)) is not None:
+            seq = mm.group(1) or (re.findall(r"its #(\d+)", mm.group(2)) or [""])[0]
+            r.said, r.collective = "mismatch", f"#{seq}"
+            r.said_rank = odd_ranks([(int(a), f"{op} {sizes}") for a, op, sizes in ENTRY.findall(mm.group(2))])
         r.detection_s = round(t - onset, 3) if onset is not None else None
     r.verdict = verdict(r)
 

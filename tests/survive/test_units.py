@@ -83,6 +83,58 @@ def test_the_launcher_names_the_failed_rank_not_the_peer_that_lost_its_connectio
     assert _failure_text(err) == f"rank 1 failed: {planted}"
 
 
+# What faulthandler wrote for rank 0 when Gloo aborted it (benchmarks/_fault_job.py, rank 1 skipping the metric
+# all-reduce; torchrun --log-dir kept it), with this machine's folders put back in.
+ABORTED = """Fatal Python error: Aborted
+
+Thread 0x00007f6a777fe6c0 (most recent call first):
+  File "{stdlib}/threading.py", line 331 in wait
+  File "{stdlib}/threading.py", line 629 in wait
+  File "{ours}/distributed/watchdog.py", line 156 in _loop
+  File "{stdlib}/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f6aa4a9fb80 (most recent call first):
+  File "{site}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "{site}/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "{ours}/train/reduce.py", line 31 in all_reduce
+  File "{ours}/train/run.py", line 265 in all_reduce
+  File "/home/u/job.py", line 142 in main
+  File "/home/u/job.py", line 153 in <module>
+
+Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+"""
+
+
+def test_a_rank_gloo_aborted_and_a_peer_in_another_collective_are_named_a_mismatch(tmp_path):
+    import os
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import trainscale
+    from trainscale.distributed.hangs import FATAL_STACKS, fatal_position
+    from trainscale.distributed.launcher import _failure_text
+
+    dump = ABORTED.format(stdlib=os.path.dirname(os.__file__), site=Path(torch.__file__).parents[1],
+                          ours=Path(trainscale.__file__).parent)
+    assert fatal_position(dump) == {"op": "all_reduce", "at": "/home/u/job.py:142 in main"}
+    assert fatal_position(dump.replace("distributed_c10d.py", "other.py")) is None  # in no collective
+    (tmp_path / "run_1" / "attempt_0" / "0").mkdir(parents=True)
+    (tmp_path / "run_1" / "attempt_0" / "0" / FATAL_STACKS).write_text(dump)
+    reset = "RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection reset by peer"
+    skipper = {"seq": 31, "op": "all_reduce", "sizes": [[85002]], "at": "/home/u/job.py:137 in main"}
+    aborted = SimpleNamespace(local_rank=0, exitcode=-6, timestamp=100, message="", error_file_data={},
+                              signal_name=lambda: "SIGABRT")
+    peer = SimpleNamespace(local_rank=1, exitcode=1, timestamp=100, error_file_data={"message": reset},
+                           message={"message": reset, "extraInfo": {"trainscale": skipper}})
+    line = _failure_text(SimpleNamespace(failures={0: aborted, 1: peer}), str(tmp_path))
+    assert line == ("mismatched collective: rank 0 all_reduce at /home/u/job.py:142 in main (ended by a signal inside "
+                    "it: no sizes recorded), rank 1 all_reduce [[85002]] at /home/u/job.py:137 in main (its #31); "
+                    "rank 0 failed: killed by SIGABRT, inside all_reduce at /home/u/job.py:142 in main")
+    # The same place and op on both sides is no mismatch (a rank that crashed inside the collective its peer is in).
+    peer.message["extraInfo"]["trainscale"] = {**skipper, "at": "/home/u/job.py:142 in main"}
+    assert _failure_text(SimpleNamespace(failures={0: aborted, 1: peer}), str(tmp_path)).startswith("rank 0 failed")
+
+
 def test_preemption_agrees_on_one_step_past_every_rank():
     store = dist.HashStore()
     a, b = (Preemption(store, r, 2, lead=1) for r in (0, 1))

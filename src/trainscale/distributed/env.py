@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ..about import available_cores
 from ..config import ConfigError, JobConfig
-from .hangs import enable_flight_recorder
+from .hangs import enable_flight_recorder, record_fatal_stacks
 
 __all__ = ["DistEnv", "init_distributed", "resolve_device", "resolve_backend", "default_threads",
            "gather_env_rows", "is_launched", "shutdown", "node_members", "cluster_fields"]
@@ -114,6 +114,7 @@ def init_distributed(job: JobConfig) -> DistEnv:
     if not dist.is_initialized():
         if launched:
             enable_flight_recorder()  # the hang report names each rank's collective
+            record_fatal_stacks()  # and the launcher names where a rank that Gloo aborted stood
             dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
                                     **_attempt_store(rank, world, timeout))
             _agree_attempt(device if backend == "nccl" else torch.device("cpu"))

@@ -142,7 +142,7 @@ def launch(spec: LaunchSpec) -> None:
         codes = {rank: f.exitcode for rank, f in (getattr(e, "failures", {}) or {}).items()}
         if codes and all(c == PREEMPTED_CODE for c in codes.values()):
             raise Preempted("every rank stopped on SIGTERM") from None
-        raise LaunchFailed(_failure_text(e), codes) from None
+        raise LaunchFailed(_failure_text(e, args.log_dir), codes) from None
     except SignalException as e:
         if e.sigval != signal.SIGTERM:
             raise
@@ -220,7 +220,7 @@ def _expected_rows(spec: LaunchSpec, threads: int) -> list[dict]:
     return rows
 
 
-def _failure_text(err: Exception) -> str:
+def _failure_text(err: Exception, log_dir: str | None = None) -> str:
     """The root-cause rank and its error: the first to exit on its own, not those torchrun then stopped.
 
     A watchdog's verdict (``RankHung``, which names the culprit it then killed) comes first; then a rank killed
@@ -229,6 +229,10 @@ def _failure_text(err: Exception) -> str:
     torchrun's SIGTERM found it still tearing down); then other signals; then the exits on a lost connection,
     which a peer's exit caused (timestamps cannot order the two: torchrun's are whole seconds, and a loaded host
     puts both exits in the same one); last SIGTERM, which torchrun sends to the ranks still running.
+
+    Where the failed ranks stood in different collectives (one skipped a collective, or gave another shape), the
+    line starts with the mismatch (``_mismatch``): Gloo aborts the rank that receives the unexpected size, and its
+    peer fails on the lost connection, so neither exit alone says what happened.
     """
     failures = getattr(err, "failures", {}) or {}
     if not failures:
@@ -247,7 +251,49 @@ def _failure_text(err: Exception) -> str:
     lines = [ln for ln in str(msg).strip().splitlines() if ln.strip()] if f.error_file_data else []
     detail = lines[-1] if lines else (f"killed by {f.signal_name()}" if f.exitcode < 0 else
                                       f"exit code {f.exitcode} (its traceback is above)")
-    return f"rank {rank} failed: {detail}"
+    where = _where_each_stood(failures, log_dir)
+    if rank in where and "seq" not in where[rank]:  # ended by a signal inside a collective
+        detail += f", inside {where[rank]['op']} at {where[rank]['at']}"
+    odd = _mismatch(where)
+    return f"{odd}; rank {rank} failed: {detail}" if odd else f"rank {rank} failed: {detail}"
+
+
+def _where_each_stood(failures: dict[int, Any], log_dir: str | None) -> dict[int, dict[str, Any]]:
+    """Each failed rank's collective and place in the code: from its error file (``hangs.at_failure``), or, for a
+    rank ended by a signal, from the stacks faulthandler wrote beside it (op and place, no number or sizes)."""
+    from .hangs import FATAL_STACKS, fatal_position
+
+    out: dict[int, dict[str, Any]] = {}
+    for rank, f in failures.items():
+        extra = f.message.get("extraInfo") if isinstance(f.message, dict) else None
+        if isinstance(extra, dict) and extra.get("trainscale"):
+            out[rank] = extra["trainscale"]
+        elif f.exitcode < 0 and log_dir:
+            dumps = sorted(Path(log_dir).glob(f"*/attempt_*/{f.local_rank}/{FATAL_STACKS}"),
+                           key=lambda p: p.stat().st_mtime)
+            text = dumps[-1].read_text(errors="replace") if dumps else ""
+            if (pos := fatal_position(text)) is not None:
+                out[rank] = pos
+    return out
+
+
+def _mismatch(where: dict[int, dict[str, Any]]) -> str:
+    """One line when the failed ranks stood in different collectives, else ''.
+
+    Ranks with a recorded collective are compared number by number (``hangs.mismatch``). A rank ended by a signal
+    has no number: it is compared by op and place with the others' newest, and differs when either does.
+    """
+    from .hangs import mismatch
+
+    numbered = {r: w for r, w in where.items() if "seq" in w}
+    if line := mismatch(numbered):
+        return line
+    if len(numbered) in (0, len(where)) or len({(w["op"], w["at"]) for w in where.values()}) < 2:
+        return ""
+    parts = [f"rank {r} {w['op']} {w['sizes']} at {w['at']} (its #{w['seq']})" if "seq" in w else
+             f"rank {r} {w['op']} at {w['at']} (ended by a signal inside it: no sizes recorded)"
+             for r, w in sorted(where.items())]
+    return "mismatched collective: " + ", ".join(parts)
 
 
 @functools.cache

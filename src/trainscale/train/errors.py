@@ -39,10 +39,27 @@ def report_bad_input_in_one_line() -> None:
 
 
 def _record_for_torchrun(value: BaseException, tb: TracebackType | None) -> None:
-    """Write ``value`` to torchrun's error file, with its traceback (torchrun's ``record`` does it for a function)."""
+    """Write ``value`` to torchrun's error file, with its traceback (torchrun's ``record`` does it for a function)
+    and, in a distributed job, the rank's newest collective and place in the code (``trainscale`` in the
+    message's ``extraInfo``): the launcher compares them across the failed ranks."""
+    import json
+
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    from ..distributed.hangs import at_failure
 
     try:  # record_exception formats the exception being handled: an excepthook has none, so raise it once more
         raise value.with_traceback(tb)
     except BaseException:
         ErrorHandler().record_exception(value)
+    try:
+        where = at_failure(tb)
+        if where is not None:
+            path = os.environ["TORCHELASTIC_ERROR_FILE"]
+            with open(path) as f:
+                data = json.load(f)
+            data["message"]["extraInfo"]["trainscale"] = where
+            with open(path, "w") as f:
+                json.dump(data, f)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # the error itself is recorded: the launcher names the rank without its collective
