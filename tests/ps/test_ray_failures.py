@@ -17,6 +17,7 @@ def kill(ray, actor) -> int:
     return pid
 
 
+@pytest.mark.full  # a learner killed, restarted and training again: the downpour test below
 @pytest.mark.timeout(200)
 def test_killed_learner_is_restarted_and_rejoins_while_async_training_goes_on(ray_local, ps_actors, ps_config):
     cfg = ps_config("--ps.mode", "async", "--ps.learners", "4", "--ps.shards", "2", "--ps.steps", "100000",

@@ -9,6 +9,8 @@ def reference():
     return reference_weights()
 
 
+# Hierarchical all-reduce's weights on 4 processes: tests/clusters/test_nodes.py (nodes from SLURM's variables).
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_hierarchical_on_two_emulated_nodes_equals_flat(tmp_path, reference):
