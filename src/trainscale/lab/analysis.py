@@ -452,10 +452,12 @@ def confounded_by_load(causes: list[dict[str, Any]]) -> None:
             by = cont if c["name"] == "compute_interference" else None
         if by is None or c["verdict"] != "clear" or c["seconds_per_step"] >= by["seconds_per_step"]:
             continue
-        what = "outside load" if by is ext else "outside processes' measured contention"
+        ms = f"{by['seconds_per_step'] * 1e3:.2f} ms/step"
+        what = (f"the outside load's {ms}" if by is ext else
+                f"the {ms} the ranks waited for cores that outside processes held")
         c.update(verdict="likely", significant=False, confounded_by=by["name"],
-                 evidence=c["evidence"] + f"; smaller than the {what}'s {by['seconds_per_step'] * 1e3:.2f} ms/step, "
-                                          "so it may be the neighbour's doing: measure again without it")
+                 evidence=c["evidence"] + f"; smaller than {what}, so it may be the neighbour's doing: measure "
+                                          "again without it")
 
 
 def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_n: dict[str, Any],
