@@ -447,11 +447,13 @@ def confounded_by_load(causes: list[dict[str, Any]]) -> None:
     if cont is not None and not (cont.get("who") or {}).get("outside"):
         cont = None  # the job's own threads oversubscribed the cores: its own cause, no confounder
     for c in causes:
-        by = ext if ext is not None and c is not ext else None
-        if by is None or c["seconds_per_step"] >= by["seconds_per_step"]:
-            by = cont if c["name"] == "compute_interference" else None
-        if by is None or c["verdict"] != "clear" or c["seconds_per_step"] >= by["seconds_per_step"]:
+        if c["verdict"] != "clear" or c is ext:
             continue
+        larger = [b for b in (ext, cont if c["name"] == "compute_interference" else None)
+                  if b is not None and c["seconds_per_step"] < b["seconds_per_step"]]
+        if not larger:
+            continue
+        by = larger[0]
         ms = f"{by['seconds_per_step'] * 1e3:.2f} ms/step"
         what = (f"the outside load's {ms}" if by is ext else
                 f"the {ms} the ranks waited for cores that outside processes held")
