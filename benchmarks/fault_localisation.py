@@ -30,6 +30,7 @@ hangs: seconds to the report, against ``job.timeout_s`` + 10. ``overhead_ratio``
 same-run on/off measurement (its toggled run, ``--overhead-chunks`` chunks of 24 steps) made in this invocation.
 
 Every run has a timeout and runs in a session of its own; every process seen under it is killed at its end.
+SIGTERM or Ctrl-C lets the run under way end, then prints the summary of the runs done (``stopped_early``).
 
 Last line: one JSON object (``runs``, ``accuracy``, ``wilson_low``/``wilson_high``, ``false_alarm_rate``,
 ``median_detection_steps``, ``median_detection_s``, ``overhead_ratio``, ``unknown``, ...).
@@ -336,7 +337,9 @@ def main() -> None:
     ap.add_argument("--skip-first", type=int, default=None, help="log.skip_first of every run (default: trainscale's)")
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds before a run is killed")
     a = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # end the current run's processes on the way out
+    stop: list[int] = []  # SIGTERM or Ctrl-C: the run under way ends (it has its own timeout), then the summary
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _: stop.append(signum))
     kinds = [k for k in a.kinds.split(",") if k]
     if "quota" in kinds and not quota_allowed():
         print("fault_localisation: no writable cgroup v1 cpu controller: no quota faults", file=sys.stderr)
@@ -344,9 +347,15 @@ def main() -> None:
     runs = plan(a.runs, a.seed, a.max_nproc, kinds)
     out = open(a.out, "w") if a.out else None
     t_start = time.monotonic()
+    done = 0
     try:
         for r in runs:
+            if stop:
+                print(f"fault_localisation: stopped by signal {stop[0]} after {done} of {len(runs)} runs",
+                      file=sys.stderr, flush=True)
+                break
             run_job(r, a.timeout, [] if a.skip_first is None else ["--log.skip_first", str(a.skip_first)])
+            done += 1
             print(f"run {r.i}: {r.kind or 'clean'} rank {r.rank} step {r.step} x{r.amount} on {r.nproc}: "
                   f"said {r.said or '-'} {r.said_rank} at {r.detected_at_step} ({r.detection_s} s) -> {r.verdict}"
                   f"  [{r.wall_s} s]", file=sys.stderr, flush=True)
@@ -362,7 +371,8 @@ def main() -> None:
             except OSError as e:
                 print(f"fault_localisation: {CGROUP} not removed: {e}", file=sys.stderr)
     faults_s = time.monotonic() - t_start
-    cost = overhead(a.overhead_chunks)
+    runs = runs[:done]  # the runs completed, all of them unless stopped
+    cost = overhead(0 if stop else a.overhead_chunks)
     injected = [r for r in runs if r.kind]
     clean = [r for r in runs if not r.kind]
     right = sum(r.verdict == "right" for r in injected)
@@ -392,6 +402,7 @@ def main() -> None:
         "hang_bound_s": TIMEOUT_S + 10, "per_kind": per_kind, **cost, "overhead_source":
         "straggler_monitor.py toggled run (same-run on/off chunks)", "timeouts": sum(r.timed_out for r in runs),
         "processes_left": sum(r.left for r in runs) + len(left), "seed": a.seed, "max_nproc": a.max_nproc,
+        "stopped_early": bool(stop),
         "wall_s": round(faults_s, 1)}
     for line in left:
         print(f"fault_localisation: left behind: {line}", file=sys.stderr)
