@@ -107,6 +107,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Two launchers meeting as nodes: the sbatch test (tests/clusters/test_schedulers.py) launches two under srun's
+# variables, and tests/clusters/test_agents.py two through a c10d rendezvous.
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_two_nodes_with_static_rendezvous_on_loopback(tmp_path):

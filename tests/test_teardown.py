@@ -126,10 +126,10 @@ print("AFTER_END", gloo_threads(), flush=True)
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("paths", [
-    # a user's group destroyed under the Trainer (the path that aborted before the fix); a run without finish()
-    "trainer,runapi-nofinish",
-    # async DCP, loader workers and a tracker; pipeline stages (the costliest launches: make test-full)
-    pytest.param("train-dcp-async-workers-tracker,pipeline", marks=pytest.mark.full),
+    # a user's group destroyed under the Trainer: the path that aborted before the fix
+    "trainer",
+    # a run without finish(); async DCP, loader workers and a tracker; pipeline stages (make test-full)
+    pytest.param("runapi-nofinish,train-dcp-async-workers-tracker,pipeline", marks=pytest.mark.full),
 ], ids=["user-ends", "product-ends"])
 def test_every_launch_path_exits_clean_beside_a_cpu_hog(paths):
     # One 2-process launch of the paths with the most to end beside a nice'd CPU hog: no abort, no other failure.

@@ -29,6 +29,8 @@ def _weights(folder: Path) -> dict:
     return torch.load(folder / "last.pt", weights_only=True)["model"]
 
 
+# A pipeline's parity with one process, and its resume: the two-stage test below; 4 processes: make test-full.
+@pytest.mark.full
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_four_stages_and_two_by_two_hybrid_equal_one_process(tmp_path, ref6):

@@ -81,6 +81,8 @@ def test_cli_run_writes_the_summary_and_stops_ray(tmp_path):
     assert _left_behind(mark) == []
 
 
+# The CLI leaves no process behind at a normal end: tests/ps/test_user_job.py; Ctrl-C: make test-full.
+@pytest.mark.full
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_the_run_and_ray(tmp_path):
     mark = uuid.uuid4().hex

@@ -45,6 +45,7 @@ def test_killed_learner_is_restarted_and_rejoins_while_async_training_goes_on(ra
     assert s["eval_accuracy"] > 0.5
 
 
+@pytest.mark.full  # a shard killed and restored: the downpour test below (its lost updates: make test-full)
 @pytest.mark.timeout(120)
 def test_killed_shard_restores_its_snapshot_and_counts_lost_updates(ray_local, ps_actors, ps_config):
     cfg = ps_config("--ps.mode", "k-async", "--ps.k", "2", "--ps.learners", "4", "--ps.shards", "2",
