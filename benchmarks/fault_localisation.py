@@ -213,8 +213,7 @@ def judge(r: Run, lines: list[tuple[float, str]], onset: float | None, summary: 
         r.collective = coll.group(1) if coll else ""
         if m is not None:
             r.said, r.collective = "mismatch", f"#{m.group(1)}"
-            entries = [(int(a), f"{op} {sizes}") for a, op, sizes in ENTRY.findall(m.group(2))]
-            r.said_rank = odd_ranks(entries)
+            r.said_rank = odd_ranks(entries(m.group(2)))
         else:
             r.said, r.said_rank = "hang", culprits
         r.detection_s = round(t - onset, 3) if onset is not None else None
@@ -226,9 +225,14 @@ def judge(r: Run, lines: list[tuple[float, str]], onset: float | None, summary: 
         if (mm := MISMATCH_FAILED.search(ln)) is not None:
             seq = mm.group(1) or (re.findall(r"its #(\d+)", mm.group(2)) or [""])[0]
             r.said, r.collective = "mismatch", f"#{seq}"
-            r.said_rank = odd_ranks([(int(a), f"{op} {sizes}") for a, op, sizes in ENTRY.findall(mm.group(2))])
+            r.said_rank = odd_ranks(entries(mm.group(2)))
         r.detection_s = round(t - onset, 3) if onset is not None else None
     r.verdict = verdict(r)
+
+
+def entries(parts: str) -> list[tuple[int, str]]:
+    """A mismatch line's ``rank R op [[sizes]]`` parts (a rank without sizes, ended by a signal, is left out)."""
+    return [(int(rank), f"{op} {sizes}") for rank, op, sizes in ENTRY.findall(parts)]
 
 
 def odd_ranks(entries: list[tuple[int, str]]) -> list[int]:

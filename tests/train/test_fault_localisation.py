@@ -1,11 +1,10 @@
-"""A small sample of the labelled fault benchmark (benchmarks/fault_localisation.py): a rank whose data is slow, a
-stopped rank and a rank that skips a collective, each on a random rank from a random step, and one clean run (a
-rank slowed in its compute: tests/train/test_stragglers.py; the killed rank and a collective of another shape are
-in the benchmark, and their naming has unit tests in tests/survive/test_units.py).
+"""A small sample of the labelled fault benchmark (benchmarks/fault_localisation.py): a slowed rank, a rank whose
+data is slow and a stopped rank, each on a random rank from a random step, and one clean run (the killed rank and
+the mismatched collectives are in the benchmark; their naming has unit tests in tests/survive/test_units.py, the
+skipped collective's on a real faulthandler dump of a rank Gloo aborted).
 
 What a user relies on: the monitor names the slowed rank with its cause (or says "cause unknown"), the hang report
-names the stopped rank with the collective it entered, the launcher names a skipped collective as a mismatch
-with each rank's collective and place in the code, and every run ends in time with no process left. The clean run ends without a hang or failure report and without a compute episode
+names the stopped rank with the collective it entered, and every run ends in time with no process left. The clean run ends without a hang or failure report and without a compute episode
 (what a slowed rank would be confused with); CPU-contention and data episodes are left out there: on this 2-core
 machine, shared with a test suite, the monitor finds them in most clean runs (18 of 21 in
 benchmarks/results/2026-11-25-fault-localisation.md), and they are real contention from the other work. When
@@ -30,7 +29,7 @@ FIELDS = {"runs", "accuracy", "wilson_low", "wilson_high", "false_alarm_rate", "
 def test_a_small_sample_of_faults_is_named_with_rank_and_class(tmp_path):
     out = tmp_path / "runs.jsonl"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_localisation.py"), "--runs", "3",
-                        "--kinds", "data,stop,skip", "--seed", "7", "--overhead-chunks", "0",
+                        "--kinds", "sleep,data,stop", "--seed", "7", "--overhead-chunks", "0",
                         "--out", str(out), "--timeout", "60"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])
@@ -40,7 +39,7 @@ def test_a_small_sample_of_faults_is_named_with_rank_and_class(tmp_path):
     assert last["runs"] == len(injected) == 3 and len(clean) == 1
     for r in injected:
         assert not r["timed_out"], r
-        if r["kind"] in ("stop", "skip"):  # the stopped rank; the rank that skipped a collective (a mismatch)
+        if r["kind"] == "stop":
             assert r["verdict"] == "right", (r["said"], r["said_rank"], r["reports"])
             continue
         # The slowed rank is named with its class (or "cause unknown") from the onset on. The benchmark judges the
