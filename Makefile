@@ -11,15 +11,21 @@ PIP     := $(BIN)/python -m pip install -q --disable-pip-version-check
 .PHONY: demo test test-full clean
 
 # torch first, so that trainscale's `torch>=2.4` is already satisfied by the CPU build.
-$(VENV)/.base: pyproject.toml
+$(VENV)/.torch:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) "$(TORCH)"
+	touch $@
+
+$(VENV)/.base: pyproject.toml $(VENV)/.torch
 	$(PIP) -e ".[data]"
 	touch $@
 
-# Everything the test suite exercises: Ray (parameter server), matplotlib (reports), pytest.
-$(VENV)/.full: $(VENV)/.base
+# Everything the test suite exercises: Ray (parameter server), matplotlib (reports), trackers, pytest. One install
+# of the package, not two (CI builds this on every run). HolisticTraceAnalysis without its declared dependencies:
+# they pull JupyterLab for its notebooks (40 s of CI's install); what its trace reader imports is in `test`.
+$(VENV)/.full: pyproject.toml $(VENV)/.torch
 	$(PIP) -e ".[all,test]"
+	$(PIP) --no-deps "HolisticTraceAnalysis>=0.5"
 	touch $@
 
 demo: $(VENV)/.base

@@ -30,7 +30,8 @@ def reference():
 @pytest.mark.parametrize("overrides", [
     [], pytest.param(["--strategy.bucket_mb", "0"], marks=pytest.mark.full),
     pytest.param(["--strategy.overlap", "false"], marks=pytest.mark.full),
-    ["--strategy.grad_accum", "2", "--data.batch_size", str(BATCH // 2)],
+    # grad_accum in a user's loop: tests/runapi/test_user_loop.py (against no_sync) and test_clip.py (one process)
+    pytest.param(["--strategy.grad_accum", "2", "--data.batch_size", str(BATCH // 2)], marks=pytest.mark.full),
 ], ids=["default", "per-tensor", "no-overlap", "grad-accum-2"])
 def test_users_loop_on_two_processes_equals_one_plain_process(tmp_path, reference, overrides):
     r = launch(SCRIPT, str(tmp_path / "w.pt"), overrides=overrides)

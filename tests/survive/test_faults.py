@@ -15,6 +15,7 @@ TIMEOUT_S = 10  # --job.timeout_s of the hang tests
 MARGIN_S = 20  # heartbeat, SIGKILL, torchrun noticing, on a loaded 2-core machine
 
 
+@pytest.mark.full  # resume to the same weights: the SIGTERM test below; restarts: test_max_restarts_restarts_the_workers
 @pytest.mark.dist
 @pytest.mark.timeout(300)
 def test_kill9_with_one_restart_resumes_bit_for_bit(tmp_path, reference):
@@ -29,10 +30,10 @@ def test_kill9_with_one_restart_resumes_bit_for_bit(tmp_path, reference):
     assert same_weights(reference, tmp_path / "last.pt"), f"killed at step {step}"
 
 
+@pytest.mark.full  # a stopped rank named by the hang report, with its collective: test_fault_localisation's `stop`
 @pytest.mark.dist
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("fault,culprit", [("stop@13:1", 1),
-                                           pytest.param("stop@20:0:checkpoint", 0, marks=pytest.mark.full)],
+@pytest.mark.parametrize("fault,culprit", [("stop@13:1", 1), ("stop@20:0:checkpoint", 0)],
                          ids=["in-step", "in-checkpoint-write"])
 def test_a_stopped_rank_ends_the_job_with_its_name(tmp_path, fault, culprit):
     p = start(["train", "--nproc", "2", *JOB, "--job.timeout_s", str(TIMEOUT_S), "--checkpoint.dir", str(tmp_path)],

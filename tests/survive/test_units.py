@@ -184,6 +184,7 @@ dog.stop()
 """
 
 
+@pytest.mark.full  # every launch path, watchdog on, exits clean beside a hog: tests/test_teardown.py
 @pytest.mark.timeout(200)
 def test_a_stopped_watchdog_lets_the_process_exit_cleanly():
     # A daemon thread still inside a store call at interpreter exit aborts the process ("terminate called without
