@@ -15,10 +15,9 @@ KIND (rank RANK, from optimizer step STEP on, 1-based):
   at or after STEP); ``shape``: it gives that all-reduce another shape.
 
 With ``TRAINSCALE_BENCH_ONSET=FILE`` the faulty rank writes ``time.time()`` there when the fault starts. With
-``TRAINSCALE_BENCH_TIMES=DIR`` each rank writes ``DIR/pre.RANK.json``: its own clock of each step's time before the
-exchange (batch, fault, forward and loss), taken apart from trainscale's instruments, so that the benchmark can
-measure how much a planted fault really slowed its rank. Other
-arguments (``--section.field VALUE``) go to the run configuration.
+``TRAINSCALE_BENCH_TIMES=DIR`` each rank writes ``DIR/steps.RANK.json``: each step's wall time by its own clock
+(batch to the end of the step), taken apart from trainscale's instruments, so that the benchmark can measure how
+much a planted fault slowed the job. Other arguments (``--section.field VALUE``) go to the run configuration.
 """
 
 from __future__ import annotations
@@ -133,26 +132,25 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = DataLoader(data, batch_size=32, shuffle=True, collate_fn=fault.collate)
     model, opt, loader = run.prepare(model, opt, loader)
-    pre: list[float] = []  # per step: from the end of the last step to the backward (its exchange is not in it)
+    steps: list[float] = []  # each step's wall time, batch included
     try:
         t = time.perf_counter()
         for x, y in run.batches(loader, steps=a.steps):
             step = run.step_count + 1
             fault.forward(step)
-            loss = nn.functional.cross_entropy(model(x), y)
-            pre.append(time.perf_counter() - t)
-            run.backward(loss)
+            run.backward(nn.functional.cross_entropy(model(x), y))
             run.step()
             if step % METRIC_EVERY == 0:
-                t = fault.metric(step)
-                if t is not None:
-                    run.all_reduce(t)
+                metric = fault.metric(step)
+                if metric is not None:
+                    run.all_reduce(metric)
             fault.after_step(step)
+            steps.append(time.perf_counter() - t)
             t = time.perf_counter()
     finally:
         fault.close()
     if times := os.environ.get("TRAINSCALE_BENCH_TIMES"):
-        Path(times, f"pre.{run.env.rank}.json").write_text(json.dumps(pre))
+        Path(times, f"steps.{run.env.rank}.json").write_text(json.dumps(steps))
     summary = run.finish()
     if run.is_main:  # the benchmark reads the summary file; this line is the job's own result, for a person
         print(json.dumps({"job": "fault", "steps": run.step_count, "stragglers": len(summary.get("stragglers", []))}),

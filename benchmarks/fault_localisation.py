@@ -29,10 +29,9 @@ to ``detected_at_step``, and seconds from the onset (the faulty rank's clock) to
 hangs: seconds to the report, against ``job.timeout_s`` + 10. ``overhead_ratio`` is ``straggler_monitor.py``'s
 same-run on/off measurement (its toggled run, ``--overhead-chunks`` chunks of 24 steps) made in this invocation.
 
-Each slow fault's ``effect`` is how much it really slowed its rank, by the job's own clock (its time before the
-exchange after the onset over before, against the other ranks'). A planted fault under the monitor's floor (1.4x)
-made no straggler: ``below_floor`` counts those, ``missed_below_floor`` the misses among them, and
-``accuracy_past_floor`` leaves those misses out (``accuracy`` counts them).
+Each slow fault's ``effect`` is how much it slowed the job, by the job's own clock: the faulty rank's median step
+time after the onset over its median before (``median_effect`` per kind). A fault the monitor missed while the job
+slowed is a miss of the monitor, not a fault too mild to matter.
 
 Every run has a timeout and runs in a session of its own; every process seen under it is killed at its end.
 SIGTERM or Ctrl-C lets the run under way end, then prints the summary of the runs done (``stopped_early``).
@@ -105,7 +104,7 @@ class Run:
     timed_out: bool = False
     left: int = 0
     outside_cores: float = 0.0  # CPU the machine spent outside the job while it ran, in cores
-    effect: float | None = None  # how much the fault slowed its rank, by the job's own clock (slow kinds only)
+    effect: float | None = None  # how much the fault slowed the job's step, by the job's own clock (slow kinds)
     verdict: str = ""  # right / wrong / unknown / missed / clean / false_alarm
 
 
@@ -152,21 +151,14 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
         summary = json.loads(Path(f"{d}/s.json").read_text()) if Path(f"{d}/s.json").exists() else None
         judge(r, lines, onset, summary)
         if r.kind in SLOW:
-            r.effect = effect(r, [json.loads(p.read_text()) for p in sorted(Path(d).glob("pre.*.json"))])
+            mine = Path(d, f"steps.{r.rank}.json")
+            r.effect = effect(r.step, json.loads(mine.read_text())) if mine.exists() else None
 
 
-def effect(r: Run, pre: list[list[float]]) -> float | None:
-    """The faulty rank's slowdown of its time before the exchange, by the job's own clock: its median after the
-    onset over its median before, divided by the same ratio of the other ranks (which cancels what slowed the
-    whole machine). A planted fault whose effect stays under the monitor's floor made no straggler."""
-    if len(pre) != r.nproc:
-        return None
-
-    def ratio(xs: list[float]) -> float:  # steps r.step+1.. against 5..r.step-1 (start-up and the onset left out)
-        return statistics.median(xs[r.step:]) / statistics.median(xs[4:r.step - 1])
-
-    others = statistics.median(ratio(xs) for i, xs in enumerate(pre) if i != r.rank)
-    return round(ratio(pre[r.rank]) / others, 3)
+def effect(onset: int, steps: list[float]) -> float:
+    """How much a fault from step ``onset`` slowed the job: the median step time from the step after the onset over
+    the median of steps 5 to the one before it (start-up and the onset step left out)."""
+    return round(statistics.median(steps[onset:]) / statistics.median(steps[4:onset - 1]), 3)
 
 
 def end_all(p: subprocess.Popen, seen: set[Any]) -> int:
@@ -414,12 +406,6 @@ def main() -> None:
         if ks:
             per_kind[k] = f"{sum(r.verdict == 'right' for r in ks)}/{len(ks)}"
     left = leftovers()
-    # Planted slow faults that did not slow their rank past the monitor's floor (1.4x) by the job's own clock: a
-    # miss of one of those is a fault that made no straggler, shown apart; the headline accuracy still counts it.
-    from trainscale.train.instruments.stragglers import DRIFT  # the monitor's floor: 1.4x the other ranks
-
-    below = [r for r in injected if r.effect is not None and r.effect < math.exp(DRIFT)]
-    missed_below = sum(r.verdict == "missed" for r in below)
     result = {
         "runs": len(injected), "clean_runs": len(clean), "accuracy": right / judged if judged else None,
         "wilson_low": lo, "wilson_high": hi, "right": right, "judged": judged, "unknown": unknown,
@@ -432,9 +418,7 @@ def main() -> None:
         "median_detection_s": median([r.detection_s for r in slow]),
         "median_hang_report_s": median([r.detection_s for r in hangs]),
         "max_hang_report_s": max((r.detection_s for r in hangs if r.detection_s is not None), default=None),
-        "hang_bound_s": TIMEOUT_S + 10, "per_kind": per_kind, "below_floor": len(below),
-        "missed_below_floor": missed_below,
-        "accuracy_past_floor": right / (judged - missed_below) if judged > missed_below else None,
+        "hang_bound_s": TIMEOUT_S + 10, "per_kind": per_kind,
         "median_effect": {k: median([r.effect for r in injected if r.kind == k]) for k in kinds if k in SLOW},
         **cost, "overhead_source":
         "straggler_monitor.py toggled run (same-run on/off chunks)", "timeouts": sum(r.timed_out for r in runs),

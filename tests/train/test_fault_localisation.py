@@ -30,7 +30,7 @@ def test_a_small_sample_of_faults_is_named_with_rank_and_class(tmp_path):
     out = tmp_path / "runs.jsonl"
     # Seed 22: rank 0 sleeps 14.7 ms a step from step 30, rank 1's batches come 24 ms late from step 25, rank 0
     # stops at step 27. Beside a busy machine the monitor's threshold grows with the ranks' noise, and a 4.6 ms
-    # sleep (seed 7: 1.95x by the job's own clock) went unnamed beside a CPU hog; the benchmark covers the range.
+    # sleep (seed 7) went unnamed beside a CPU hog; the benchmark covers the whole range.
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_localisation.py"), "--runs", "3",
                         "--kinds", "sleep,data,stop", "--seed", "22", "--overhead-chunks", "0",
                         "--out", str(out), "--timeout", "60"], capture_output=True, text=True, timeout=300)
