@@ -17,7 +17,9 @@ KIND (rank RANK, from optimizer step STEP on, 1-based):
 With ``TRAINSCALE_BENCH_ONSET=FILE`` the faulty rank writes ``time.time()`` there when the fault starts. With
 ``TRAINSCALE_BENCH_TIMES=DIR`` each rank writes ``DIR/steps.RANK.json``: each step's wall time by its own clock
 (batch to the end of the step), taken apart from trainscale's instruments, so that the benchmark can measure how
-much a planted fault slowed the job. Other arguments (``--section.field VALUE``) go to the run configuration.
+much a planted fault slowed the job. With ``TRAINSCALE_BENCH_WINDOWS=FILE`` rank 0 appends there every window its
+straggler detector scores (per rank: step, compute, data wait, run-queue wait), for
+``straggler_replay.py``. Other arguments (``--section.field VALUE``) go to the run configuration.
 """
 
 from __future__ import annotations
@@ -118,11 +120,27 @@ class Fault:
             p.wait()
 
 
+def log_windows(path: str) -> None:
+    """Keep every window the straggler detector scores (only rank 0 has one) in ``path``, a JSON line each."""
+    from trainscale.train.instruments.stragglers import StragglerDetector
+
+    update = StragglerDetector.update
+
+    def logged(self: StragglerDetector, windows: list) -> list:
+        with open(path, "a") as f:
+            f.write(json.dumps([[w.step, w.compute_s, w.wait_s, w.runq_s] for w in windows]) + "\n")
+        return update(self, windows)
+
+    StragglerDetector.update = logged  # type: ignore[method-assign]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--hidden", type=int, default=256)
     a, config = p.parse_known_args()
+    if path := os.environ.get("TRAINSCALE_BENCH_WINDOWS"):
+        log_windows(path)
     run = trainscale.init(args=["--data.batch_size", "32", *config])
     fault = Fault(os.environ.get(ENV, ""), run.env.rank)
     g = torch.Generator().manual_seed(0)

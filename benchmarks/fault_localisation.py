@@ -33,6 +33,9 @@ Each slow fault's ``effect`` is how much it slowed the job, by the job's own clo
 time after the onset over its median before (``median_effect`` per kind). A fault the monitor missed while the job
 slowed is a miss of the monitor, not a fault too mild to matter.
 
+With ``--windows`` each run's line in ``--out`` also holds every window the monitor scored, which
+``straggler_replay.py`` replays through the detector with other settings, without running the jobs again.
+
 Every run has a timeout and runs in a session of its own; every process seen under it is killed at its end.
 SIGTERM or Ctrl-C lets the run under way end, then prints the summary of the runs done (``stopped_early``).
 
@@ -106,10 +109,11 @@ class Run:
     outside_cores: float = 0.0  # CPU the machine spent outside the job while it ran, in cores
     effect: float | None = None  # how much the fault slowed the job's step, by the job's own clock (slow kinds)
     verdict: str = ""  # right / wrong / unknown / missed / clean / false_alarm
+    windows: list[Any] | None = None  # with --windows: every window rank 0's detector scored, for a replay
 
 
 # ---- one run
-def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
+def run_job(r: Run, timeout_s: float, extra: list[str], windows: bool = False) -> None:
     import psutil
 
     from trainscale.lab.neighbours import LoadMonitor
@@ -117,7 +121,8 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINSCALE_JSON": f"{d}/s.json",
                "TRAINSCALE_BENCH_ONSET": f"{d}/onset", "TRAINSCALE_BENCH_TIMES": d,
-               "TRAINSCALE_BENCH_FAULT": f"{r.kind}:{r.rank}:{r.step}:{r.amount}" if r.kind else ""}
+               "TRAINSCALE_BENCH_FAULT": f"{r.kind}:{r.rank}:{r.step}:{r.amount}" if r.kind else "",
+               "TRAINSCALE_BENCH_WINDOWS": f"{d}/windows.jsonl" if windows else ""}
         env.pop("RANK", None)
         cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(r.nproc), str(JOB),
                "--steps", str(STEPS), "--log.straggler_every", str(EVERY), "--job.timeout_s", str(TIMEOUT_S),
@@ -150,6 +155,8 @@ def run_job(r: Run, timeout_s: float, extra: list[str]) -> None:
         onset = float(Path(f"{d}/onset").read_text()) if Path(f"{d}/onset").exists() else None
         summary = json.loads(Path(f"{d}/s.json").read_text()) if Path(f"{d}/s.json").exists() else None
         judge(r, lines, onset, summary)
+        if windows and Path(d, "windows.jsonl").exists():
+            r.windows = [json.loads(line) for line in Path(d, "windows.jsonl").read_text().splitlines()]
         if r.kind in SLOW:
             mine = Path(d, f"steps.{r.rank}.json")
             r.effect = effect(r.step, json.loads(mine.read_text())) if mine.exists() else None
@@ -354,6 +361,8 @@ def main() -> None:
                     help="chunks of 24 steps in the monitor's on/off run (0: not measured)")
     ap.add_argument("--skip-first", type=int, default=None, help="log.skip_first of every run (default: trainscale's)")
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds before a run is killed")
+    ap.add_argument("--windows", action="store_true", help="keep every window the monitor scored in --out's lines "
+                                                           "(straggler_replay.py replays them with other settings)")
     a = ap.parse_args()
     stop: list[int] = []  # SIGTERM or Ctrl-C: the run under way ends (it has its own timeout), then the summary
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -372,7 +381,7 @@ def main() -> None:
                 print(f"fault_localisation: stopped by signal {stop[0]} after {done} of {len(runs)} runs",
                       file=sys.stderr, flush=True)
                 break
-            run_job(r, a.timeout, [] if a.skip_first is None else ["--log.skip_first", str(a.skip_first)])
+            run_job(r, a.timeout, [] if a.skip_first is None else ["--log.skip_first", str(a.skip_first)], a.windows)
             done += 1
             print(f"run {r.i}: {r.kind or 'clean'} rank {r.rank} step {r.step} x{r.amount} on {r.nproc}: "
                   f"said {r.said or '-'} {r.said_rank} at {r.detected_at_step} ({r.detection_s} s) -> {r.verdict}"

@@ -371,9 +371,10 @@ class LogConfig(_Section):
                           "rank's threads (from /proc schedstat), its exposed communication wait and when its last "
                           "gradient was ready on a clock common to all ranks; in the summary's accounting object "
                           "and per-step rank_steps rows (benchmarks/doctor_accounting.py measures its cost)")
-    stragglers: bool = _f(True, "live straggler monitor: each rank's time before the exchange (compute + data wait), "
-                          "compared across ranks every log.straggler_every measured steps; a rank that became slow "
-                          "is named in a warning and in the summary's stragglers list")
+    stragglers: bool = _f(True, "live straggler monitor: each rank's own time (compute, data wait and, with "
+                          "accounting, its wait for a CPU), compared across ranks every log.straggler_every "
+                          "measured steps; a rank that became slow is named in a warning and in the summary's "
+                          "stragglers list")
     straggler_every: int = _f(10, "steps per window of the straggler monitor (one store write per rank per window; "
                                   "rank 0 reads every rank's): shorter detects sooner and costs more")
 

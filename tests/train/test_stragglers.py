@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from clitools import FAST, read_json, run_cli
 from trainscale.train.instruments.stragglers import StragglerDetector, Window
 
 NAN = math.nan
+REPO = Path(__file__).resolve().parents[2]
 
 
 def feed(det: StragglerDetector, per_rank: list[list[tuple[float, float, float]]], every: int = 5) -> None:
@@ -26,7 +30,7 @@ def test_a_rank_that_becomes_slow_is_named_from_the_window_of_its_onset():
     slow = [(0.010, 0.001, NAN)] * 8 + [(0.025, 0.001, NAN)] * 12  # 2.5x compute from window 9 (step 41)
     feed(det, [fast, fast, slow, fast])
     [ep] = det.episodes
-    assert (ep.rank, ep.since_step, ep.detected_at_step, ep.cause) == (2, 41, 45, "compute")
+    assert (ep.rank, ep.since_step, ep.detected_at_step, ep.cause) == (2, 41, 50, "compute")  # two windows at 2.4x
     assert ep.slowdown == pytest.approx(26 / 11, rel=1e-3) and ep.until_step is None
 
 
@@ -37,7 +41,7 @@ def test_a_rank_already_slow_that_gets_worse_is_named_again_from_the_new_onset()
     slow = [(0.010, 0.001, NAN)] * 3 + [(0.018, 0.001, NAN)] * 8 + [(0.043, 0.001, NAN)] * 5
     feed(det, [fast, fast, slow, fast])
     assert [(e.rank, e.since_step, e.until_step, e.detected_at_step) for e in det.episodes] == \
-        [(2, 16, 55, 30), (2, 56, None, 60)]
+        [(2, 16, 55, 40), (2, 56, None, 65)]
     assert det.episodes[1].slowdown == pytest.approx(4.0, rel=1e-3)
 
 
@@ -45,7 +49,7 @@ def test_the_first_windows_are_start_up_and_not_scored():
     det = StragglerDetector(world=2, every=5)
     feed(det, [[(0.010, 0.0, NAN)] * 4, [(0.030, 0.0, NAN)] * 4])  # rank 1 slow from the first step
     [ep] = det.episodes
-    assert (ep.rank, ep.since_step, ep.detected_at_step) == (1, 11, 15)  # windows 1-2 (steps 1-10) skipped
+    assert (ep.rank, ep.since_step, ep.detected_at_step) == (1, 11, 20)  # windows 1-2 (steps 1-10) skipped
 
 
 def test_the_cause_is_the_part_of_the_excess_that_dominates():
@@ -56,6 +60,17 @@ def test_the_cause_is_the_part_of_the_excess_that_dominates():
         det = StragglerDetector(world=2, every=5)
         feed(det, [fast, [row] * 6])
         assert [(e.rank, e.cause) for e in det.episodes] == [(1, cause)], cause
+
+
+def test_a_rank_waiting_for_a_cpu_outside_its_compute_is_named_for_contention():
+    """A busy neighbour on a rank's core: its forward + backward barely change, but its training thread waits for
+    the core after each all-reduce (run-queue wait, outside the compute clock). That wait is the rank's own time."""
+    det = StragglerDetector(world=2, every=5)
+    fast = [(0.0030, 0.0001, 0.0005)] * 12
+    crowded = fast[:6] + [(0.0034, 0.0001, 0.0060)] * 6  # compute 1.13x, own time 2.3x from window 7 (step 31)
+    feed(det, [fast, crowded])
+    [ep] = det.episodes
+    assert (ep.rank, ep.since_step, ep.cause) == (1, 31, "cpu_contention") and ep.slowdown > 2, ep
 
 
 def test_an_episode_ends_when_the_rank_recovers():
@@ -77,18 +92,20 @@ def test_noise_and_a_slowdown_of_every_rank_raise_no_alarm():
 
 
 def test_on_a_noisy_host_the_threshold_grows_with_the_measured_noise():
-    def noisy(seed: int, fixed: bool) -> StragglerDetector:
+    def noisy(seed: int, fixed: bool) -> tuple[int, bool]:
         rng = random.Random(seed)
         det = StragglerDetector(world=2, every=5, **({"drift_sigmas": 0, "threshold_sigmas": 0} if fixed else {}))
         # Each rank's window swings by 30% (sd of its log: a shared CPU host), then rank 1 is 4x slower from step 196.
         feed(det, [[(0.002 * math.exp(rng.gauss(0, 0.3)) * (4 if r and i >= 39 else 1), 0.0, NAN) for i in range(50)]
                    for r in range(2)])
-        return det
-    assert all(len(noisy(s, fixed=True).episodes) > 1 for s in range(5))  # a fixed threshold calls noise slow too
-    for seed in range(5):
-        det = noisy(seed, fixed=False)
-        assert [(e.rank, e.cause) for e in det.episodes] == [(1, "compute")], (seed, det.episodes)
-        assert det.episodes[0].since_step == 196 and det.episodes[0].detected_at_step <= 205 and 0.3 < det.sigma() < 0.5
+        fault = [e for e in det.episodes if e.rank == 1 and e.detected_at_step >= 196]
+        named = bool(fault) and 186 <= fault[0].since_step <= 196 and fault[0].detected_at_step <= 210
+        return len(det.episodes) - len(fault), named
+    fixed = [noisy(s, fixed=True) for s in range(20)]
+    scaled = [noisy(s, fixed=False) for s in range(20)]
+    # Noise episodes in 20 runs of 250 steps (measured: 10 with the fixed threshold, 4 with the scaled one).
+    assert sum(n for n, _ in scaled) <= 5 and 2 * sum(n for n, _ in scaled) <= sum(n for n, _ in fixed)
+    assert sum(named for _, named in scaled) >= 18  # the fault, from its onset (within 2 windows), in 3 windows
 
 
 def test_a_neighbours_contention_is_named_and_does_not_hide_the_next_fault():
@@ -108,7 +125,7 @@ def test_a_neighbours_contention_is_named_and_does_not_hide_the_next_fault():
     named = [(e.rank, e.cause) for e in det.episodes]
     assert named[0] == (0, "cpu_contention") and (1, "compute") in named, det.episodes
     ep = next(e for e in det.episodes if e.rank == 1)
-    assert ep.since_step == 51 and ep.detected_at_step <= 60, ep
+    assert ep.since_step == 51 and ep.detected_at_step <= 65, ep
 
 
 @pytest.mark.dist
@@ -132,3 +149,24 @@ def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(len(row["straggler_scores"]) == 2 for row in rows)  # each rank's time over the other's, per log point
     assert max(row["straggler_scores"][1] for row in rows) > 2
+
+
+@pytest.mark.parametrize("where", ["quiet", "hog"])
+def test_replayed_on_the_windows_of_real_faulty_runs_the_right_rank_and_cause_are_named(where):
+    """The windows rank 0 scored in 24 injected and 24 clean runs of the fault job on this 2-core VM, quiet and beside
+    a nice'd busy loop (benchmarks/results/2026-11-27-straggler-own-time.md), through today's detector."""
+    raw = REPO / "benchmarks" / "results" / "raw" / f"2026-11-27-straggler-windows-{where}.jsonl"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "straggler_replay.py"), str(raw)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["injected"] == 24 and got["clean_runs"] == 24 and got["wrong"] == 0, got
+    assert got["right"] >= 22, got  # measured 22 quiet (two mild neighbours missed), 24 beside the busy loop
+    for kind in ("neighbour", "quota"):  # a CPU neighbour and a CPU quota: named by the rank's wait for a CPU
+        right, runs = map(int, got["per_kind"][kind].split("/"))
+        assert right >= runs - 2, got
+    # Quiet, one clean run named a rank slow (the machine's other work then took 0.6 of a core). Beside the busy
+    # loop every clean run has a rank slowed by it, and all but one are named for what they are: cpu_contention.
+    assert got["false_alarm_causes"].get("compute", 0) <= 1, got
+    if where == "quiet":
+        assert got["false_alarms"] <= 1, got

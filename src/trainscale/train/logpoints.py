@@ -55,7 +55,7 @@ class LogPoints:
     def log(self, step: int, point: dict[str, float], global_batch: int, wait_s: float,
             straggler_scores: list[float] | None = None) -> None:
         """One log point: the loss window's figures as the progress line and a metrics row (with each rank's
-        straggler score, its time before the exchange over the other ranks' median, in the file only)."""
+        straggler score, its own time over the other ranks' median, in the file only)."""
         rate = point["steps"] * global_batch / point["window_s"]
         if self.view is not None:
             self.view.update(step, point["loss"], rate)
