@@ -8,9 +8,9 @@ without running the jobs again.
 
 With ``--windows`` each line of the benchmark's ``--out`` file holds, beside the run's truth, every window rank 0
 scored (per rank: the window's last step and its median compute, data wait and run-queue wait over
-``log.straggler_every`` steps). The answer is judged as the benchmark judges the live one: the first episode of the faulty rank detected at
-or after the onset (else the first episode of another rank after it: wrong), "cause unknown" counted apart, any
-episode in a clean run a false alarm. ``--no-runq`` drops the run-queue wait, as a run without the time
+``log.straggler_every`` steps). The answer is judged as the benchmark judges the live one: the first episode of
+the faulty rank detected at or after the onset (else the first episode of another rank after it: wrong), "cause
+unknown" counted apart, any episode in a clean run a false alarm. ``--no-runq`` drops the run-queue wait, as a run without the time
 accounting (``--log.accounting false``, or not Linux) sees it.
 
 Last line: one JSON object (``right``, ``injected``, ``missed``, ``wrong``, ``unknown``, ``false_alarms``,
@@ -65,8 +65,10 @@ def main() -> None:
                     help="ratio to the other ranks under which a rank gathers no evidence (default %(default).2f)")
     ap.add_argument("--threshold", type=float, default=stragglers.THRESHOLD,
                     help="CUSUM sum of log-ratio excess that declares a rank slow (default %(default)s)")
-    ap.add_argument("--drift-sigmas", type=float, default=stragglers.DRIFT_SIGMAS)
-    ap.add_argument("--threshold-sigmas", type=float, default=stragglers.THRESHOLD_SIGMAS)
+    ap.add_argument("--drift-sigmas", type=float, default=stragglers.DRIFT_SIGMAS,
+                    help="the drift grows to this many of the run's measured noise (default %(default)s)")
+    ap.add_argument("--threshold-sigmas", type=float, default=stragglers.THRESHOLD_SIGMAS,
+                    help="the threshold grows to this many of the run's measured noise (default %(default)s)")
     ap.add_argument("--no-runq", action="store_true", help="leave out the run-queue wait (no time accounting)")
     ap.add_argument("--verbose", action="store_true", help="a line per run that was not right or clean")
     a = ap.parse_args()
@@ -74,6 +76,8 @@ def main() -> None:
         sys.exit(f"straggler_replay: --drift must be > 1 and --threshold > 0 (got {a.drift}, {a.threshold})")
     settings = {"drift": math.log(a.drift), "threshold": a.threshold, "drift_sigmas": a.drift_sigmas,
                 "threshold_sigmas": a.threshold_sigmas}
+    if missing := [f for f in a.runs if not Path(f).is_file()]:
+        sys.exit(f"straggler_replay: no such file: {' '.join(missing)} (give fault_localisation.py's --out files)")
     runs = [json.loads(line) for f in a.runs for line in Path(f).read_text().splitlines() if line.strip()]
     if not any(run.get("windows") for run in runs):
         sys.exit(f"straggler_replay: no windows in {' '.join(a.runs)}: run fault_localisation.py with --windows")
