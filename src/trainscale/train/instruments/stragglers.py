@@ -221,12 +221,13 @@ class StragglerDetector:
                 opened.append(self._open(r, mine, p[1], cause, ratio))
         # A calm window while some rank's sum is above zero is held back from the noise until every sum is back
         # at zero (it was noise) or an episode opens (it was a fault's onset: taken for noise, it raised the
-        # threshold past a rank sleeping 6 ms a step, 2.5-3.8x the other, never named in a replay).
+        # threshold past a rank sleeping 6 ms a step, 2.5-3.8x the other, never named in a replay). A sum that
+        # stays above zero for NOISE_WINDOWS windows without an episode is this run's noise after all.
         if opened:
             self.held.clear()
         elif calm and not any(self.active):
             self.held.extend(math.log(x) for x in ratios)
-            if not any(self.sums):
+            if not any(self.sums) or len(self.held) >= NOISE_WINDOWS * self.world:
                 self.noise.extend(self.held)
                 self.held.clear()
         return opened
