@@ -213,18 +213,9 @@ def judge(r: Run, lines: list[tuple[float, str]], onset: float | None, summary: 
     if r.kind in ("", *SLOW):
         eps = r.episodes or [{"rank": k[0], "since_step": k[1], "detected_at_step": None, "cause": "?"}
                              for k in said_lines]  # a run that did not finish: the lines only
-        after = [e for e in eps if r.kind and (e["detected_at_step"] or 0) >= r.step]
-        r.early = len(eps) - len(after)
-        mine = [e for e in after if e["rank"] == r.rank]
-        r.other = len(after) - len(mine)
-        if after:
-            e = (mine or after)[0]
-            r.said, r.said_rank, r.detected_at_step = e["cause"], [e["rank"]], e["detected_at_step"]
-            r.detection_steps = e["detected_at_step"] - r.step if e["detected_at_step"] else None
+        if (e := judge_episodes(r, eps)) is not None:
             t = said_lines.get((e["rank"], e["since_step"]))
             r.detection_s = round(t - onset, 3) if t is not None and onset is not None else None
-        elif eps and not r.kind:
-            r.said, r.said_rank = eps[0]["cause"], [eps[0]["rank"]]
     if hang is not None and r.kind not in SLOW:
         t, ln = hang
         m = MISMATCH.search(ln)
@@ -249,6 +240,23 @@ def judge(r: Run, lines: list[tuple[float, str]], onset: float | None, summary: 
             r.said_rank = odd_ranks(entries(mm.group(2)))
         r.detection_s = round(t - onset, 3) if onset is not None else None
     r.verdict = verdict(r)
+
+
+def judge_episodes(r: Run, eps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the monitor said about a slow or clean run, from its episodes (the summary's ``stragglers``): the first
+    episode of the faulty rank detected at or after the onset, else another rank's (wrong). Returns that episode."""
+    after = [e for e in eps if r.kind and (e["detected_at_step"] or 0) >= r.step]
+    r.early = len(eps) - len(after)
+    mine = [e for e in after if e["rank"] == r.rank]
+    r.other = len(after) - len(mine)
+    if after:
+        e = (mine or after)[0]
+        r.said, r.said_rank, r.detected_at_step = e["cause"], [e["rank"]], e["detected_at_step"]
+        r.detection_steps = e["detected_at_step"] - r.step if e["detected_at_step"] else None
+        return e
+    if eps and not r.kind:
+        r.said, r.said_rank = eps[0]["cause"], [eps[0]["rank"]]
+    return None
 
 
 def entries(parts: str) -> list[tuple[int, str]]:

@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fault_localisation as bench  # noqa: E402
 
 from trainscale.train.instruments import stragglers  # noqa: E402
 from trainscale.train.instruments.stragglers import StragglerDetector, Window  # noqa: E402
@@ -42,25 +45,19 @@ def replay(rows: list[list[list[float]]], every: int, no_runq: bool, **settings:
     return det
 
 
-def verdict(run: dict[str, Any], det: StragglerDetector) -> tuple[str, int | None]:
-    """The benchmark's verdict on the replayed episodes, and the detection delay in steps of a right one."""
-    if not run["kind"]:
-        return (f"false_alarm ({det.episodes[0].cause})" if det.episodes else "clean"), None
-    after = [e for e in det.episodes if e.detected_at_step >= run["step"]]
-    if not after:
-        return "missed", None
-    e = next((e for e in after if e.rank == run["rank"]), after[0])
-    if e.rank != run["rank"]:
-        return "wrong", None
-    if e.cause == "unknown":
-        return "unknown", None
-    return ("right" if e.cause == run["truth"] else f"wrong ({e.cause})"), e.detected_at_step - run["step"]
+def judged(run: dict[str, Any], det: StragglerDetector) -> bench.Run:
+    """The run judged on the replayed episodes, as the benchmark judges the live ones."""
+    r = bench.Run(run["i"], run["kind"], run["nproc"], run["rank"], run["step"], truth=run["truth"], rc=0)
+    bench.judge_episodes(r, [e.as_dict() for e in det.episodes])
+    r.verdict = bench.verdict(r)
+    return r
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="the benchmark's --out files, run with --windows (JSONL, a run a line)")
-    ap.add_argument("--every", type=int, default=5, help="log.straggler_every of those runs (the benchmark's: 5)")
+    ap.add_argument("--every", type=int, default=bench.EVERY,
+                    help="log.straggler_every of those runs (the benchmark's: %(default)s)")
     ap.add_argument("--drift", type=float, default=math.exp(stragglers.DRIFT),
                     help="ratio to the other ranks under which a rank gathers no evidence (default %(default).2f)")
     ap.add_argument("--threshold", type=float, default=stragglers.THRESHOLD,
@@ -88,21 +85,19 @@ def main() -> None:
     for run in runs:
         if run["truth"] not in ("clean", "compute", "data", "cpu_contention") or not run.get("windows"):
             continue  # hangs and failures are not the monitor's to name
-        said, delay = verdict(run, replay(run["windows"], a.every, a.no_runq, **settings))
-        key = said.split(" ")[0]
-        tally[key] = tally.get(key, 0) + 1
-        if run["kind"]:
-            k = per_kind.setdefault(run["kind"], [0, 0])
-            k[0] += key == "right"
+        r = judged(run, replay(run["windows"], a.every, a.no_runq, **settings))
+        tally[r.verdict] = tally.get(r.verdict, 0) + 1
+        if r.kind:
+            k = per_kind.setdefault(r.kind, [0, 0])
+            k[0] += r.verdict == "right"
             k[1] += 1
-        if key == "false_alarm":
-            cause = said.split("(")[1].rstrip(")")
-            alarms[cause] = alarms.get(cause, 0) + 1
-        if delay is not None and key == "right":
-            delays.append(delay)
-        if a.verbose and key not in ("right", "clean"):
-            print(f"run {run['i']}: {run['kind'] or 'clean'} rank {run['rank']} step {run['step']}: {said}",
-                  file=sys.stderr)
+        if r.verdict == "false_alarm":
+            alarms[r.said] = alarms.get(r.said, 0) + 1
+        if r.verdict == "right" and r.detection_steps is not None:
+            delays.append(r.detection_steps)
+        if a.verbose and r.verdict not in ("right", "clean"):
+            print(f"run {r.i}: {r.kind or 'clean'} rank {r.rank} step {r.step}: {r.verdict}"
+                  + (f" ({r.said} on rank {r.said_rank[0]})" if r.said else ""), file=sys.stderr)
     injected = sum(v[1] for v in per_kind.values())
     print(json.dumps({
         "right": tally.get("right", 0), "injected": injected, "missed": tally.get("missed", 0),
