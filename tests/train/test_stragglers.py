@@ -73,6 +73,17 @@ def test_a_rank_waiting_for_a_cpu_outside_its_compute_is_named_for_contention():
     assert (ep.rank, ep.since_step, ep.cause) == (1, 31, "cpu_contention") and ep.slowdown > 2, ep
 
 
+def test_the_cause_is_that_of_every_window_since_the_onset_not_of_the_last_alone():
+    """A neighbour on a rank's core, as in a fault-benchmark run (seed 51, run 50): two windows of wait for a CPU,
+    then one in which the in-thread input loading waited most. The episode is the neighbour's, not the input's."""
+    det = StragglerDetector(world=2, every=5)
+    fast = [(0.0032, 0.0001, 0.0010)] * 7
+    crowded = fast[:4] + [(0.0035, 0.0001, 0.0035), (0.0032, 0.0001, 0.0045), (0.0032, 0.0048, 0.0048)]
+    feed(det, [fast, crowded])
+    [ep] = det.episodes
+    assert (ep.rank, ep.since_step, ep.cause) == (1, 21, "cpu_contention"), ep
+
+
 def test_an_episode_ends_when_the_rank_recovers():
     det = StragglerDetector(world=2, every=5)
     fast = [(0.010, 0.0, NAN)] * 12
@@ -138,13 +149,15 @@ def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
     episodes = read_json(out)["stragglers"]
     # On a loaded machine a rank may also be named before the fault (waiting for a CPU, or slower for a while):
     # the fault on top of that is named again from its own onset, and that episode is the one checked.
-    # The onset is where the rank's CUSUM sum last left zero: a noisy window just before the fault can start it a
-    # window or two early (a quiet run here: since step 22 for the onset at 30), so it is checked within 2 windows.
+    # The onset is where the rank's CUSUM sum last left zero: a noisy window before the fault can start it early (a
+    # quiet run here: since step 22 for the onset at 30; in 1 run of 10 on this VM, since step 12, rank 1's windows
+    # before the fault keeping the sum above zero), so the onset is checked to be after the unscored start-up
+    # windows (steps 1-10) and no later than the fault's first window.
     slowed = [e for e in episodes if e["rank"] == 1 and e["cause"] == "compute" and e["detected_at_step"] >= 30]
     assert slowed, episodes
     ep = slowed[0]
     assert ep["slowdown"] > 2, episodes
-    assert 20 <= ep["since_step"] <= 35 and ep["detected_at_step"] <= 46, ep  # detected within 3 windows
+    assert 11 <= ep["since_step"] <= 35 and ep["detected_at_step"] <= 46, ep  # detected within 3 windows
     assert f"pid {ep['pid']}) slow since step {ep['since_step']}: " in r.text and "(likely compute)" in r.text
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(len(row["straggler_scores"]) == 2 for row in rows)  # each rank's time over the other's, per log point

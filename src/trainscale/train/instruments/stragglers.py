@@ -12,17 +12,17 @@ that over-weights contention, which the compute clock and data wait alone named 
 runs (a busy process or two on the rank's core).
 
 The training thread only appends three numbers per measured step and, every ``log.straggler_every`` steps,
-hands the window to a side thread. That thread publishes the window's medians through the c10d store (a
-connection of its own), and on rank 0 reads every rank's window of the same steps, scores each rank against
+hands the window to a side thread. On every other rank that thread publishes the window's medians through the
+c10d store (a connection of its own); on rank 0 it reads theirs of the same steps, scores each rank against
 the median of the others, and runs a one-sided CUSUM per rank (Page, 1954) on the log of that ratio: a rank
 whose ratio stays above the drift accumulates evidence, and once the sum passes the threshold the rank is
 declared slow from the step where the sum left zero. The episode ends when the sum falls back to zero. Drift and
 threshold are in units of the run's own noise, as a CUSUM's are (``noise``): on a quiet accelerator the ranks'
 ratios stay within a few percent; on a shared 2-core VM a 5-step window swings 0.5-1.9x with no fault at all,
 and a fixed threshold named a straggler in 18 of 47 clean runs of the fault benchmark. The
-cause is the part of the excess that dominates: data wait (``data``), run-queue wait of the training thread
-when the time accounting is on (``cpu_contention``), the rest of compute (``compute``); when none holds most
-of it, ``unknown``.
+cause is the part of the excess, summed over the windows since the sum left zero, that dominates: data wait
+(``data``), run-queue wait of the training thread when the time accounting is on (``cpu_contention``), the
+rest of compute (``compute``); when none holds most of it, ``unknown``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -110,8 +111,8 @@ class Episode:
                 f"{self.slowdown:.2f}x the other ranks' own time ({cause})")
 
 
-def _cause(mine: Window, others: list[Window]) -> str:
-    """Which part of this rank's excess over the others' median dominates."""
+def _excess(mine: Window, others: list[Window]) -> dict[str, float]:
+    """This rank's excess time per step over the others' median: data wait, wait for a CPU, the rest of compute."""
     excess = {
         "data": mine.wait_s - statistics.median(w.wait_s for w in others),
         "compute": mine.compute_s - statistics.median(w.compute_s for w in others),
@@ -120,15 +121,19 @@ def _cause(mine: Window, others: list[Window]) -> str:
         runq = excess["cpu_contention"] = mine.runq_s - statistics.median(w.runq_s for w in others)
         # Compute's excess is net of the run-queue wait that can lie inside it: on-CPU work is what is left.
         excess["compute"] -= min(max(runq, 0.0), max(excess["compute"], 0.0))
+    return excess
+
+
+def _dominant(excess: dict[str, float]) -> str:
+    """The part that holds most of the excess, or ``unknown`` when none does."""
     total = sum(max(v, 0.0) for v in excess.values())
     name, top = max(excess.items(), key=lambda kv: kv[1])
     return name if total > 0 and top > DOMINANT * total else "unknown"
 
 
-def _contended(windows: list[Window], ratios: list[float], k: float) -> bool:
+def _contended(excess: list[dict[str, float]], ratios: list[float], k: float) -> bool:
     """Whether a rank above the drift owes most of its excess to waiting for a CPU (run-queue wait)."""
-    return any(ratio > math.exp(k) and _cause(mine, windows[:r] + windows[r + 1:]) == "cpu_contention"
-               for r, (mine, ratio) in enumerate(zip(windows, ratios)))
+    return any(ratio > math.exp(k) and _dominant(ex) == "cpu_contention" for ex, ratio in zip(excess, ratios))
 
 
 class StragglerDetector:
@@ -150,9 +155,12 @@ class StragglerDetector:
         self.world, self.every, self.drift, self.threshold, self.warmup = world, every, drift, threshold, warmup
         self.drift_sigmas, self.threshold_sigmas = drift_sigmas, threshold_sigmas
         self.noise: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS * world)  # calm log-ratios
+        self._sigma: float | None = None  # sigma() of the noise as it is now
         self.held: list[float] = []  # log-ratios of calm windows while a rank's CUSUM sum is above zero
         self.sums = [0.0] * world
         self.rise = [0] * world  # the first step of the window where each rank's sum left zero
+        # per rank: its excess (``_excess``) summed over the windows since its sum left zero, the cause it opens with
+        self.evidence: list[dict[str, float]] = [{} for _ in range(world)]
         self.worse = [0.0] * world  # while an episode lasts: CUSUM of log(ratio / the episode's level)
         self.worse_rise = [0] * world
         self.active: list[Episode | None] = [None] * world
@@ -165,15 +173,23 @@ class StragglerDetector:
         """The ranks' log-ratio noise: 1.4826 x the median absolute deviation of the calm windows' log-ratios."""
         if len(self.noise) < MIN_NOISE:
             return NOISE_PRIOR
-        mid = statistics.median(self.noise)
-        return 1.4826 * statistics.median(abs(x - mid) for x in self.noise)
+        if self._sigma is None:  # computed again only when the noise changed (the side thread's CPU is the cost)
+            mid = statistics.median(self.noise)
+            self._sigma = 1.4826 * statistics.median(abs(x - mid) for x in self.noise)
+        return self._sigma
+
+    def _add_noise(self, log_ratios: Iterable[float]) -> None:
+        self.noise.extend(log_ratios)
+        self._sigma = None
 
     def update(self, windows: list[Window]) -> list[Episode]:
         """Score one window of steps (one ``Window`` per rank, the same ``step``); return the episodes it opened."""
-        ratios = []
+        ratios, excess = [], []
         for r, mine in enumerate(windows):
-            base = statistics.median(w.own_s for i, w in enumerate(windows) if i != r)
+            others = windows[:r] + windows[r + 1:]
+            base = statistics.median(w.own_s for w in others)
             ratios.append(mine.own_s / base if base > 0 and mine.own_s > 0 else 1.0)
+            excess.append(_excess(mine, others))
         # Start-up windows are not scored but are noise to measure; a window with a slow rank is not, nor one in
         # which a rank is slower by its measured wait for a CPU: that is a cause (a neighbour's), and taken for
         # noise it would raise the threshold until it hid both itself and the next fault (beside a nice'd busy
@@ -181,30 +197,34 @@ class StragglerDetector:
         calm = not any(self.active)
         if self.warmup > 0:
             self.warmup -= 1
-            if not _contended(windows, ratios, self.drift):
-                self.noise.extend(math.log(x) for x in ratios)
+            if not _contended(excess, ratios, self.drift):
+                self._add_noise(math.log(x) for x in ratios)
             return []
         sigma = self.sigma()
         k, h = max(self.drift, self.drift_sigmas * sigma), max(self.threshold, self.threshold_sigmas * sigma)
-        calm = calm and not _contended(windows, ratios, k)
+        calm = calm and not _contended(excess, ratios, k)
         opened = []
         for r, mine in enumerate(windows):
-            others = windows[:r] + windows[r + 1:]
             ratio = self.scores[r] = ratios[r]
             first = mine.step - self.every + 1  # this window's first step
             before, self.sums[r] = self.sums[r], max(0.0, self.sums[r] + math.log(ratio) - k)
             if before == 0.0 and self.sums[r] > 0.0:
-                self.rise[r] = first
+                self.rise[r], self.evidence[r] = first, {}
+            if self.sums[r] > 0.0:
+                for name, v in excess[r].items():
+                    self.evidence[r][name] = self.evidence[r].get(name, 0.0) + v
             ep = self.active[r]
             if ep is None:
+                # The cause of all the windows that made the evidence, not of the last alone: a neighbour on the
+                # core shows first as wait for a CPU, and in one window may slow the in-thread input loading more.
                 if self.sums[r] > h:
-                    opened.append(self._open(r, mine, max(self.rise[r], 1), _cause(mine, others), ratio))
+                    opened.append(self._open(r, mine, max(self.rise[r], 1), _dominant(self.evidence[r]), ratio))
                 continue
             if self._got_worse(r, ratio, first, k, h):
                 ep.until_step, self.pending[r] = self.worse_rise[r] - 1, None
-                opened.append(self._open(r, mine, self.worse_rise[r], _cause(mine, others), ratio))
+                opened.append(self._open(r, mine, self.worse_rise[r], _dominant(excess[r]), ratio))
                 continue
-            cause = _cause(mine, others) if ratio > math.exp(k) else "calm"
+            cause = _dominant(excess[r]) if ratio > math.exp(k) else "calm"
             if cause == ep.cause:
                 self.pending[r] = None
                 ep.ratios.append(ratio)
@@ -228,7 +248,7 @@ class StragglerDetector:
         elif calm and not any(self.active):
             self.held.extend(math.log(x) for x in ratios)
             if not any(self.sums) or len(self.held) >= NOISE_WINDOWS * self.world:
-                self.noise.extend(self.held)
+                self._add_noise(self.held)
                 self.held.clear()
         return opened
 
@@ -266,13 +286,13 @@ class StragglerMonitor:
         self.prefix = f"{prefix}/{next(_RUNS)}"
         self.detector = StragglerDetector(world, every) if rank == 0 else None
         self._rows: list[tuple[Any, float, float]] = []
-        self._pending: list[int] = []  # rank 0: its own windows' last steps, not yet scored
+        self._pending: list[tuple[int, list[float]]] = []  # rank 0: its own windows (last step, medians) to score
         self._ids: list[tuple[str, int]] = []  # rank 0: every rank's (host, pid), read once
         self._queue: queue.SimpleQueue[tuple[int, list[tuple[Any, float, float]]] | None] = queue.SimpleQueue()
         self._failed = False
         # Before the run's first collective (prepare's), so that every rank's keys exist when rank 0 reads them.
         store.set(f"{self.prefix}/id/{rank}", f"{socket.gethostname()} {os.getpid()}")
-        for slot in range(RING):
+        for slot in range(RING if rank > 0 else 0):  # rank 0 keeps its own windows: it is the one that reads
             store.set(self._key(rank, slot), "-1")
         self._thread = threading.Thread(target=self._run, name="trainscale-stragglers", daemon=True)
         self._thread.start()
@@ -316,9 +336,11 @@ class StragglerMonitor:
                 continue
             step, rows = item
             try:
-                self._publish(step, rows)
-                if self.detector is not None:
-                    self._pending.append(step)
+                med = [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])]
+                if self.detector is None:
+                    self._publish(step, med)
+                else:
+                    self._pending.append((step, med))
                     self._score(wait_s=0.0)
             except Exception as e:  # the monitor must never end a training run
                 self._failed = True
@@ -329,33 +351,31 @@ class StragglerMonitor:
             except Exception as e:
                 logger.debug(f"straggler monitor: the last windows were not scored: {e}")
 
-    def _publish(self, step: int, rows: list[tuple[Any, float, float]]) -> None:
+    def _publish(self, step: int, med: list[float]) -> None:
         """One store write per window: ``"step compute wait runq"`` into the rank's ring of ``RING`` slots."""
-        med = [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])]
         self.store.set(self._key(self.rank, (step // self.every) % RING), " ".join(map(repr, [step, *med])))
 
     def _score(self, wait_s: float) -> None:
-        """Rank 0: score its published windows, oldest first, once every rank has published the same steps (one
-        read of every rank's slot per window; a window a lagging rank 0 lost to the ring is skipped)."""
+        """Rank 0: score its windows, oldest first, once every other rank has published the same steps (one read
+        of their slots per window; a window a lagging rank 0 lost to the ring is skipped)."""
         assert self.detector is not None
         if not self._ids:
             ids = self.store.multi_get([f"{self.prefix}/id/{r}" for r in range(self.world)])
             self._ids = [(h, int(p)) for h, p in (v.decode().split() for v in ids)]
         deadline = time.monotonic() + wait_s
         while self._pending:
-            step = self._pending[0]
-            keys = [self._key(r, (step // self.every) % RING) for r in range(self.world)]
-            values = [v.decode().split() for v in self.store.multi_get(keys)]
-            if any(int(v[0]) < step for v in values):  # not every rank is there yet
+            step, own = self._pending[0]
+            keys = [self._key(r, (step // self.every) % RING) for r in range(1, self.world)]
+            values = [[float(x) for x in v.decode().split()] for v in self.store.multi_get(keys)]
+            if any(v[0] < step for v in values):  # not every rank is there yet
                 if time.monotonic() >= deadline:
                     return
                 time.sleep(0.01)
                 continue
             self._pending.pop(0)
-            if any(int(v[0]) > step for v in values):
+            if any(v[0] > step for v in values):
                 continue
-            windows = [Window(step, float(c), float(w), float(q), *self._ids[r])
-                       for r, (_, c, w, q) in enumerate(values)]
+            windows = [Window(step, c, w, q, *self._ids[r]) for r, (c, w, q) in enumerate([own] + [v[1:] for v in values])]
             for ep in self.detector.update(windows):
                 logger.warning(ep.line())
 
