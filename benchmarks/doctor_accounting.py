@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,12 @@ def clipped_mean(times: list[float]) -> float:
     return statistics.fmean(min(t, cap) for t in times)
 
 
-def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "accounting") -> dict[str, list[float]]:
+def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "accounting",
+                   side: Callable[[], float] | None = None) -> dict[str, list[float]]:
     """Per chunk of one run whose ``instrument`` (an attribute of the run's instruments) is on in chunks 0, 3, 4,
     7, 8, ... (ABBA): mean step seconds (``on``, ``off``) and the training thread's CPU seconds per step
-    (``cpu_on``, ``cpu_off``)."""
+    (``cpu_on``, ``cpu_off``); with ``side`` (a clock of CPU seconds, such as a side thread's), its seconds per
+    step too (``side_on``, ``side_off``)."""
     import trainscale
     from trainscale.data import build_datasets
     from trainscale.models import build_model
@@ -76,9 +79,9 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
     ins = run.instruments
     assert ins is not None and getattr(ins, instrument) is not None
     tool = getattr(ins, instrument)
-    out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": []}
+    out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": [], "side_on": [], "side_off": []}
     times: list[float] = []
-    t_prev = cpu0 = 0.0
+    t_prev = cpu0 = side0 = 0.0
     for x, y in run.batches(loader, steps=steps):
         run.forward_backward(x, y, loss_fn)
         run.step()
@@ -91,11 +94,13 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
                 mode = "on" if getattr(ins, instrument) is not None else "off"
                 out[mode].append(clipped_mean(times))
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
+                if side is not None:
+                    out[f"side_{mode}"].append((side() - side0) / len(times))
             on = (k // CHUNK) % 4 in (0, 3)
             if on and getattr(ins, instrument) is None and hasattr(tool, "resume"):
                 tool.resume()  # the accounting's readings restart: what the threads did while off is not counted
             setattr(ins, instrument, tool if on else None)
-            times, cpu0 = [], time.thread_time()
+            times, cpu0, side0 = [], time.thread_time(), side() if side is not None else 0.0
             now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
         t_prev = now
     setattr(ins, instrument, tool)
