@@ -84,11 +84,14 @@ def worker(chunks: int, every: int, out: str, fr_only: bool) -> None:
     if fr_only:
         result: dict[str, Any] = {"collective_s": collectives()}
     else:
-        result = {"inside": toggled_chunks(chunks, [*JOB, "--log.straggler_every", str(every)], "monitor", side_cpu_s), "call_us": call_us()}
-    rank, mine = int(os.environ["RANK"]), Path(f"{out}.{os.environ['RANK']}")
+        job = [*JOB, "--log.straggler_every", str(every)]
+        result = {"inside": toggled_chunks(chunks, job, "monitor", side_cpu_s), "call_us": call_us()}
+    rank = int(os.environ["RANK"])
     if rank > 0:  # the other ranks' side threads, which publish but do not score: to rank 0 through a file
-        mine.with_suffix(".tmp").write_text(json.dumps(result.get("inside", {}).get("side_on", [])))
-        mine.with_suffix(".tmp").rename(mine)
+        if not fr_only:
+            part = Path(f"{out}.{rank}.part")
+            part.write_text(json.dumps(result["inside"]["side_on"]))
+            part.rename(f"{out}.{rank}")
         return
     if not fr_only:
         world, deadline = int(os.environ["WORLD_SIZE"]), time.monotonic() + 60
@@ -133,9 +136,9 @@ def main() -> None:
     diffs = [on - off for on, off in zip(fr["on"], fr["off"])]
     fr_us = statistics.median(diffs) * 1e6
     step_s = inside["step_off_s"]
-    # An upper bound on what the monitor can take from the step: all of its side thread's CPU (rank 0's, which
-    # also scores) on the step's critical path, holding the GIL or the core, plus the training thread's calls.
-    # Summed over the ranks: their side threads wake at the same step, but a bound must not count on them overlapping.
+    # An upper bound on what the monitor can take from the step: all of its side threads' CPU on the step's
+    # critical path, holding the GIL or the core, plus the training thread's calls. Summed over the ranks: their
+    # side threads wake at the same step, but a bound must not count on them overlapping.
     per_rank = [statistics.median(xs) * 1e6 for xs in [r["inside"]["side_on"], *r["side_on_others"]] if xs]
     side_us = sum(per_rank)
     bound = 1 + (side_us + r["call_us"]) * 1e-6 / step_s
@@ -148,9 +151,11 @@ def main() -> None:
     emit({"overhead_ratio": inside["ratio"], "ratio_ci90": [inside["lo"], inside["hi"]],
           "ratio_p10": inside["p10"], "ratio_p90": inside["p90"], "chunk_pairs": inside["pairs"],
           "step_off_s": step_s, "cpu_ratio": cpu["ratio"], "cpu_ratio_ci90": [cpu["lo"], cpu["hi"]],
-          "side_cpu_us_per_step": side_us, "side_cpu_us_per_rank": per_rank, "call_us": r["call_us"], "overhead_bound_ratio": bound,
+          "side_cpu_us_per_step": side_us, "side_cpu_us_per_rank": per_rank, "call_us": r["call_us"],
+          "overhead_bound_ratio": bound,
           "fr_us_per_collective": fr_us, "fr_us_spread": [min(diffs) * 1e6, max(diffs) * 1e6],
-          "fr_step_ratio": 1 + max(fr_us, 0.0) * 1e-6 / step_s, "fr_launch_pairs": len(diffs), "straggler_every": a.every})
+          "fr_step_ratio": 1 + max(fr_us, 0.0) * 1e-6 / step_s, "fr_launch_pairs": len(diffs),
+          "straggler_every": a.every})
 
 
 if __name__ == "__main__":

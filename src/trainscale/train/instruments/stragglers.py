@@ -36,7 +36,6 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -155,7 +154,6 @@ class StragglerDetector:
         self.world, self.every, self.drift, self.threshold, self.warmup = world, every, drift, threshold, warmup
         self.drift_sigmas, self.threshold_sigmas = drift_sigmas, threshold_sigmas
         self.noise: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS * world)  # calm log-ratios
-        self._sigma: float | None = None  # sigma() of the noise as it is now
         self.held: list[float] = []  # log-ratios of calm windows while a rank's CUSUM sum is above zero
         self.sums = [0.0] * world
         self.rise = [0] * world  # the first step of the window where each rank's sum left zero
@@ -173,14 +171,8 @@ class StragglerDetector:
         """The ranks' log-ratio noise: 1.4826 x the median absolute deviation of the calm windows' log-ratios."""
         if len(self.noise) < MIN_NOISE:
             return NOISE_PRIOR
-        if self._sigma is None:  # computed again only when the noise changed (the side thread's CPU is the cost)
-            mid = statistics.median(self.noise)
-            self._sigma = 1.4826 * statistics.median(abs(x - mid) for x in self.noise)
-        return self._sigma
-
-    def _add_noise(self, log_ratios: Iterable[float]) -> None:
-        self.noise.extend(log_ratios)
-        self._sigma = None
+        mid = statistics.median(self.noise)
+        return 1.4826 * statistics.median(abs(x - mid) for x in self.noise)
 
     def update(self, windows: list[Window]) -> list[Episode]:
         """Score one window of steps (one ``Window`` per rank, the same ``step``); return the episodes it opened."""
@@ -198,7 +190,7 @@ class StragglerDetector:
         if self.warmup > 0:
             self.warmup -= 1
             if not _contended(excess, ratios, self.drift):
-                self._add_noise(math.log(x) for x in ratios)
+                self.noise.extend(math.log(x) for x in ratios)
             return []
         sigma = self.sigma()
         k, h = max(self.drift, self.drift_sigmas * sigma), max(self.threshold, self.threshold_sigmas * sigma)
@@ -248,7 +240,7 @@ class StragglerDetector:
         elif calm and not any(self.active):
             self.held.extend(math.log(x) for x in ratios)
             if not any(self.sums) or len(self.held) >= NOISE_WINDOWS * self.world:
-                self._add_noise(self.held)
+                self.noise.extend(self.held)
                 self.held.clear()
         return opened
 
@@ -375,7 +367,8 @@ class StragglerMonitor:
             self._pending.pop(0)
             if any(v[0] > step for v in values):
                 continue
-            windows = [Window(step, c, w, q, *self._ids[r]) for r, (c, w, q) in enumerate([own] + [v[1:] for v in values])]
+            rows = [own] + [v[1:] for v in values]
+            windows = [Window(step, c, w, q, *self._ids[r]) for r, (c, w, q) in enumerate(rows)]
             for ep in self.detector.update(windows):
                 logger.warning(ep.line())
 
