@@ -140,6 +140,8 @@ def main() -> None:
     # critical path, holding the GIL or the core, plus the training thread's calls. Summed over the ranks: their
     # side threads wake at the same step, but a bound must not count on them overlapping.
     per_rank = [statistics.median(xs) * 1e6 for xs in [r["inside"]["side_on"], *r["side_on_others"]] if xs]
+    if len(per_rank) < 2 or not all(per_rank):  # a bound from a thread it could not find would understate the cost
+        sys.exit("straggler_monitor: no side-thread CPU read on some rank (no thread named trainscale-stragglers?)")
     side_us = sum(per_rank)
     bound = 1 + (side_us + r["call_us"]) * 1e-6 / step_s
     print(f"monitor: side thread {', '.join(f'{x:.2f}' for x in per_rank)} us of CPU per step (rank 0, 1, ...; "
