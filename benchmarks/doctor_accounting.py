@@ -58,11 +58,11 @@ def clipped_mean(times: list[float]) -> float:
 
 
 def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "accounting",
-                   side: Callable[[], float] | None = None) -> dict[str, list[float]]:
+                   side: Callable[[], float] | None = None, switch: bool = True) -> dict[str, list[float]]:
     """Per chunk of one run whose ``instrument`` (an attribute of the run's instruments) is on in chunks 0, 3, 4,
-    7, 8, ... (ABBA): mean step seconds (``on``, ``off``) and the training thread's CPU seconds per step
-    (``cpu_on``, ``cpu_off``); with ``side`` (a clock of CPU seconds, such as a side thread's), its seconds per
-    step too (``side_on``, ``side_off``)."""
+    7, 8, ... (ABBA; in every chunk without ``switch``): mean step seconds (``on``, ``off``) and the training
+    thread's CPU seconds per step (``cpu_on``, ``cpu_off``); with ``side`` (a clock of CPU seconds, such as a side
+    thread's), its seconds per step too (``side_on``, ``side_off``)."""
     import trainscale
     from trainscale.data import build_datasets
     from trainscale.models import build_model
@@ -96,7 +96,7 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
                 if side is not None:
                     out[f"side_{mode}"].append((side() - side0) / len(times))
-            on = (k // CHUNK) % 4 in (0, 3)
+            on = (k // CHUNK) % 4 in (0, 3) or not switch
             if on and getattr(ins, instrument) is None and hasattr(tool, "resume"):
                 tool.resume()  # the accounting's readings restart: what the threads did while off is not counted
             setattr(ins, instrument, tool if on else None)

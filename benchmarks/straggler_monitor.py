@@ -6,9 +6,11 @@
    on) of their ratio of clipped mean step times, with its 90% bootstrap interval, and ``cpu_ratio`` the same for the
    training thread's CPU time (as ``doctor_accounting.py`` measures the time accounting). The monitor's side
    thread keeps running in both: what is switched is what the training thread pays and the windows it sends.
-   The same run reads the side thread's CPU time (its ``schedstat``) in each chunk, and the training thread's
-   cost per ``step`` call is timed in a loop: ``overhead_bound_ratio`` is 1 + both per step over the step time,
-   what the monitor would add if every microsecond of every rank's side thread lay on the step's critical path. Unlike the ratio, it resolves fractions of a percent on a noisy machine.
+   A second launch, with the monitor on throughout and half as many chunks, reads each rank's side thread CPU time
+   (its ``schedstat``) per step, and the training thread's cost per ``step`` call is timed in a loop:
+   ``overhead_bound_ratio`` is 1 + both per step over that run's step time, what the monitor would add if every
+   microsecond of every rank's side thread lay on the step's critical path. Unlike the ratio, it resolves
+   fractions of a percent on a noisy machine.
 2. **The Flight Recorder** (``TORCH_FR_BUFFER_SIZE``, which trainscale sets to 64 for launched runs): a process
    setting, so whole launches alternate it (64, 0, 0, 64, ...), each timing a loop of one-float all-reduces;
    ``fr_us_per_collective`` is the median difference per collective, and ``fr_step_ratio`` what it adds to
@@ -80,25 +82,28 @@ def call_us(calls: int = 20000) -> float:
     return spent / calls * 1e6
 
 
-def worker(chunks: int, every: int, out: str, fr_only: bool) -> None:
-    if fr_only:
+def worker(mode: str, chunks: int, every: int, out: str) -> None:
+    """One process of a launch: ``fr`` times collectives; ``toggled`` and ``steady`` run the job (the monitor
+    switched per chunk, or on throughout: that run's side-thread CPU goes to rank 0 through a file per rank)."""
+    if mode == "fr":
         result: dict[str, Any] = {"collective_s": collectives()}
     else:
         job = [*JOB, "--log.straggler_every", str(every)]
-        result = {"inside": toggled_chunks(chunks, job, "monitor", side_cpu_s), "call_us": call_us()}
+        switch = mode == "toggled"
+        result = {"inside": toggled_chunks(chunks, job, "monitor", side_cpu_s, switch=switch), "call_us": call_us()}
     rank = int(os.environ["RANK"])
     if rank > 0:  # the other ranks' side threads, which publish but do not score: to rank 0 through a file
-        if not fr_only:
+        if mode == "steady":
             part = Path(f"{out}.{rank}.part")
             part.write_text(json.dumps(result["inside"]["side_on"]))
             part.rename(f"{out}.{rank}")
         return
-    if not fr_only:
+    if mode == "steady":
         world, deadline = int(os.environ["WORLD_SIZE"]), time.monotonic() + 60
         others = [Path(f"{out}.{r}") for r in range(1, world)]
         while not all(f.exists() for f in others) and time.monotonic() < deadline:
             time.sleep(0.1)
-        result["side_on_others"] = [json.loads(f.read_text()) for f in others if f.exists()]
+        result["side_others"] = [json.loads(f.read_text()) for f in others if f.exists()]
     Path(out).write_text(json.dumps(result))
 
 
@@ -110,7 +115,7 @@ def fr_launches(launches: int) -> dict[str, list[float]]:
     for i in range(launches):
         for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
             os.environ["TORCH_FR_BUFFER_SIZE"] = "64" if mode == "on" else "0"
-            res[mode].append(launch_self(__file__, ["--fr-only"])["collective_s"])
+            res[mode].append(launch_self(__file__, ["--mode", "fr"])["collective_s"])
     return res
 
 
@@ -121,40 +126,44 @@ def main() -> None:
                     help="log.straggler_every: steps per window (default the run's, %(default)s; the fault "
                          "benchmark's: 5)")
     ap.add_argument("--launches", type=int, default=4, help="pairs of launches, recorder on and off")
-    ap.add_argument("--fr-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["toggled", "steady", "fr"], default="toggled", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker_out:
-        worker(a.chunks, a.every, a.worker_out, a.fr_only)
+        worker(a.mode, a.chunks, a.every, a.worker_out)
         return
     from _common import emit, launch_self
 
     r = launch_self(__file__, ["--chunks", str(a.chunks), "--every", str(a.every)])
+    steady = launch_self(__file__, ["--mode", "steady", "--chunks", str(a.chunks // 2), "--every", str(a.every)])
     inside = summary(r["inside"], "chunk")
     cpu = summary({"on": r["inside"]["cpu_on"], "off": r["inside"]["cpu_off"]}, "cpu")
     fr = fr_launches(a.launches)
     diffs = [on - off for on, off in zip(fr["on"], fr["off"])]
     fr_us = statistics.median(diffs) * 1e6
     step_s = inside["step_off_s"]
+    steady_s = statistics.median(steady["inside"]["on"])
     # An upper bound on what the monitor can take from the step: all of its side threads' CPU on the step's
     # critical path, holding the GIL or the core, plus the training thread's calls. Summed over the ranks: their
     # side threads wake at the same step, but a bound must not count on them overlapping.
-    per_rank = [statistics.median(xs) * 1e6 for xs in [r["inside"]["side_on"], *r["side_on_others"]] if xs]
+    # From the run with the monitor on throughout: the side thread pauses between wake-ups and scores several
+    # windows at once, fewer of them per wake-up in a run that switches the monitor off half of the time.
+    per_rank = [statistics.mean(xs) * 1e6 for xs in [steady["inside"]["side_on"], *steady["side_others"]] if xs]
     if len(per_rank) < 2 or not all(per_rank):  # a bound from a thread it could not find would understate the cost
         sys.exit("straggler_monitor: no side-thread CPU read on some rank (no thread named trainscale-stragglers?)")
     side_us = sum(per_rank)
-    bound = 1 + (side_us + r["call_us"]) * 1e-6 / step_s
-    print(f"monitor: side thread {', '.join(f'{x:.2f}' for x in per_rank)} us of CPU per step (rank 0, 1, ...; "
-          f"rank 0 {statistics.median(r['inside']['side_off']) * 1e6:.2f} in the off chunks), training thread "
-          f"{r['call_us']:.3f} us per call; at most {(bound - 1) * 100:.3f}% of a {step_s * 1e3:.3f} ms step",
+    bound = 1 + (side_us + steady["call_us"]) * 1e-6 / steady_s
+    print(f"monitor: side thread {', '.join(f'{x:.2f}' for x in per_rank)} us of CPU per step (rank 0, 1, ...), "
+          f"training thread "
+          f"{steady['call_us']:.3f} us per call; at most {(bound - 1) * 100:.3f}% of a {steady_s * 1e3:.3f} ms step",
           file=sys.stderr)
     print(f"flight recorder: {statistics.median(fr['on']) * 1e6:.1f} us per all-reduce on, "
           f"{statistics.median(fr['off']) * 1e6:.1f} off; {fr_us:+.2f} us per collective", file=sys.stderr)
     emit({"overhead_ratio": inside["ratio"], "ratio_ci90": [inside["lo"], inside["hi"]],
           "ratio_p10": inside["p10"], "ratio_p90": inside["p90"], "chunk_pairs": inside["pairs"],
           "step_off_s": step_s, "cpu_ratio": cpu["ratio"], "cpu_ratio_ci90": [cpu["lo"], cpu["hi"]],
-          "side_cpu_us_per_step": side_us, "side_cpu_us_per_rank": per_rank, "call_us": r["call_us"],
-          "overhead_bound_ratio": bound,
+          "side_cpu_us_per_step": side_us, "side_cpu_us_per_rank": per_rank, "call_us": steady["call_us"],
+          "overhead_bound_ratio": bound, "steady_step_s": steady_s,
           "fr_us_per_collective": fr_us, "fr_us_spread": [min(diffs) * 1e6, max(diffs) * 1e6],
           "fr_step_ratio": 1 + max(fr_us, 0.0) * 1e-6 / step_s, "fr_launch_pairs": len(diffs),
           "straggler_every": a.every})

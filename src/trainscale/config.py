@@ -375,8 +375,8 @@ class LogConfig(_Section):
                           "accounting, its wait for a CPU), compared across ranks every log.straggler_every "
                           "measured steps; a rank that became slow is named in a warning and in the summary's "
                           "stragglers list")
-    straggler_every: int = _f(10, "steps per window of the straggler monitor (one store write per rank but rank 0 "
-                                  "per window, which rank 0 reads): shorter detects sooner and costs more")
+    straggler_every: int = _f(10, "steps per window of the straggler monitor (each rank but rank 0 writes its "
+                                  "windows to the store, which rank 0 reads): shorter detects sooner and costs more")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -10,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch.distributed import HashStore
 
 from clitools import FAST, read_json, run_cli
-from trainscale.train.instruments.stragglers import StragglerDetector, Window
+from trainscale.train.instruments import stragglers
+from trainscale.train.instruments.stragglers import StragglerDetector, StragglerMonitor, Window
 
 NAN = math.nan
 REPO = Path(__file__).resolve().parents[2]
@@ -137,6 +140,28 @@ def test_a_neighbours_contention_is_named_and_does_not_hide_the_next_fault():
     assert named[0] == (0, "cpu_contention") and (1, "compute") in named, det.episodes
     ep = next(e for e in det.episodes if e.rank == 1)
     assert ep.since_step == 51 and ep.detected_at_step <= 65, ep
+
+
+def test_windows_sent_faster_than_the_side_thread_wakes_are_all_scored(monkeypatch):
+    """On millisecond steps a side thread pauses between wake-ups (its CPU budget) and takes several windows at
+    once: one store write or read for all of them. Two ranks' monitors on one store: every window is scored, and
+    the slowed rank is named from its onset."""
+    monkeypatch.setattr(stragglers, "_RUNS", itertools.repeat(0))  # both monitors of this process, one run's keys
+    store = HashStore()
+    rank1, rank0 = StragglerMonitor(store, 1, 2, every=5, prefix="t"), StragglerMonitor(store, 0, 2, every=5, prefix="t")
+    for step in range(1, 201):
+        rank0.step(step, 0.004, 0.0001, NAN)
+        rank1.step(step, 0.012 if step > 100 else 0.004, 0.0001, NAN)
+    rank1.close()
+    rank0.close()
+    assert rank1.episodes() == [] and rank0.detector is not None
+    [ep] = rank0.detector.episodes
+    assert (ep.rank, ep.since_step, ep.cause, ep.until_step) == (1, 101, "compute", None), ep
+    assert len(ep.ratios) == (200 - ep.detected_at_step) // 5 + 1  # every window from the detection on was scored
+    # The pause keeps the side thread's CPU under its budget, and a window's ring slot unwritten until it is read.
+    assert stragglers._pause(cpu_s=0.0002, wall_s=0.0, window_s=1.0) == pytest.approx(0.0002 / stragglers.BUDGET)
+    assert stragglers._pause(cpu_s=0.1, wall_s=0.0, window_s=1.0) == stragglers.MAX_PAUSE_S
+    assert stragglers._pause(cpu_s=0.1, wall_s=0.0, window_s=0.001) == stragglers.RING // 4 * 0.001
 
 
 @pytest.mark.dist

@@ -12,8 +12,9 @@ that over-weights contention, which the compute clock and data wait alone named 
 runs (a busy process or two on the rank's core).
 
 The training thread only appends three numbers per measured step and, every ``log.straggler_every`` steps,
-hands the window to a side thread. On every other rank that thread publishes the window's medians through the
-c10d store (a connection of its own); on rank 0 it reads theirs of the same steps, scores each rank against
+hands the window to a side thread, which pauses between wake-ups to keep its CPU under ``BUDGET`` of a core and
+then takes every window sent meanwhile. On every other rank that thread publishes the windows' medians through
+the c10d store (a connection of its own); on rank 0 it reads theirs of the same steps, scores each rank against
 the median of the others, and runs a one-sided CUSUM per rank (Page, 1954) on the log of that ratio: a rank
 whose ratio stays above the drift accumulates evidence, and once the sum passes the threshold the rank is
 declared slow from the step where the sum left zero. The episode ends when the sum falls back to zero. Drift and
@@ -61,10 +62,12 @@ DRIFT_SIGMAS, THRESHOLD_SIGMAS = 0.5, 4.0
 NOISE_WINDOWS, MIN_NOISE, NOISE_PRIOR = 32, 6, 0.15
 DOMINANT = 0.5  # a cause is named when it holds more than this share of the rank's excess time
 CALM = 2  # windows in a row under the drift (or with another cause) that end an episode
-RING = 64  # store slots per rank for its windows: rank 0 may lag this many windows behind
+RING = 128  # store slots per rank for its windows: rank 0 may lag this many windows behind
 # Windows not scored at the start: ranks start unevenly (threads starting, first all-reduces, other work on the
 # host), which is not a fault; in the fault benchmark's clean runs 13 of 18 false alarms opened in the first two.
 WARMUP = 2
+BUDGET = 0.0015  # the side thread's CPU, as a share of the wall time, that its pauses keep it under (``_pause``)
+MAX_PAUSE_S = 1.0  # the longest pause: a warning comes at most about this late
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
 
 
@@ -192,7 +195,10 @@ class StragglerDetector:
             if not _contended(excess, ratios, self.drift):
                 self.noise.extend(math.log(x) for x in ratios)
             return []
-        sigma = self.sigma()
+        # The noise scale matters only once a sum is above zero or a ratio passes the drift's floor: most windows of
+        # a run skip its medians over the last NOISE_WINDOWS windows (two thirds of the update's time).
+        quiet = not any(self.sums) and not any(self.active) and max(ratios) <= math.exp(self.drift)
+        sigma = 0.0 if quiet else self.sigma()
         k, h = max(self.drift, self.drift_sigmas * sigma), max(self.threshold, self.threshold_sigmas * sigma)
         calm = calm and not _contended(excess, ratios, k)
         opened = []
@@ -282,6 +288,7 @@ class StragglerMonitor:
         self._ids: list[tuple[str, int]] = []  # rank 0: every rank's (host, pid), read once
         self._queue: queue.SimpleQueue[tuple[int, list[tuple[Any, float, float]]] | None] = queue.SimpleQueue()
         self._failed = False
+        self._closing = threading.Event()  # cuts the side thread's pause short at the end of the run
         # Before the run's first collective (prepare's), so that every rank's keys exist when rank 0 reads them.
         store.set(f"{self.prefix}/id/{rank}", f"{socket.gethostname()} {os.getpid()}")
         for slot in range(RING if rank > 0 else 0):  # rank 0 keeps its own windows: it is the one that reads
@@ -308,6 +315,7 @@ class StragglerMonitor:
         if not score:
             self._failed = True  # publish and score nothing more: a rank may be gone
         self._queue.put(None)
+        self._closing.set()
         self._thread.join(timeout=30)
 
     def episodes(self) -> list[dict[str, Any]]:
@@ -323,54 +331,85 @@ class StragglerMonitor:
         return f"{self.prefix}/{rank}/{slot}"
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+        done, cpu, start = False, time.thread_time(), time.monotonic()
+        while not done and (item := self._queue.get()) is not None:
+            start, last_start = time.monotonic(), start
+            items = [item]
+            while True:  # every window handed over while the thread slept: one store call for all of them
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    done = True
+                    break
+                items.append(nxt)
             if self._failed:
                 continue
-            step, rows = item
             try:
-                med = [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])]
+                windows = [(step, [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])])
+                           for step, rows in items]
                 if self.detector is None:
-                    self._publish(step, med)
+                    self._publish(windows)
                 else:
-                    self._pending.append((step, med))
+                    self._pending.extend(windows)
                     self._score(wait_s=0.0)
             except Exception as e:  # the monitor must never end a training run
                 self._failed = True
                 logger.warning(f"straggler monitor off: {type(e).__name__}: {e}")
+            if not done:  # the CPU since the last pause, its wake-up included, against this cycle's wall time
+                cpu, before_cpu = time.thread_time(), cpu
+                self._closing.wait(_pause(cpu - before_cpu, time.monotonic() - start, (start - last_start) / len(items)))
         if self.detector is not None and not self._failed:
             try:  # the others' last windows are a few steps behind at most; a rank that died never sends its own
                 self._score(wait_s=5.0)
             except Exception as e:
                 logger.debug(f"straggler monitor: the last windows were not scored: {e}")
 
-    def _publish(self, step: int, med: list[float]) -> None:
-        """One store write per window: ``"step compute wait runq"`` into the rank's ring of ``RING`` slots."""
-        self.store.set(self._key(self.rank, (step // self.every) % RING), " ".join(map(repr, [step, *med])))
+    def _publish(self, windows: list[tuple[int, list[float]]]) -> None:
+        """One store write for the windows: ``"step compute wait runq"`` into the rank's ring of ``RING`` slots."""
+        keys = [self._key(self.rank, (step // self.every) % RING) for step, _ in windows]
+        self.store.multi_set(keys, [" ".join(map(repr, [step, *med])) for step, med in windows])
 
     def _score(self, wait_s: float) -> None:
         """Rank 0: score its windows, oldest first, once every other rank has published the same steps (one read
-        of their slots per window; a window a lagging rank 0 lost to the ring is skipped)."""
+        of their slots for all the pending windows; a window a lagging rank 0 lost to the ring is skipped)."""
         assert self.detector is not None
         if not self._ids:
             ids = self.store.multi_get([f"{self.prefix}/id/{r}" for r in range(self.world)])
             self._ids = [(h, int(p)) for h, p in (v.decode().split() for v in ids)]
         deadline = time.monotonic() + wait_s
+        others = self.world - 1
         while self._pending:
-            step, own = self._pending[0]
-            keys = [self._key(r, (step // self.every) % RING) for r in range(1, self.world)]
+            keys = [self._key(r, (step // self.every) % RING) for step, _ in self._pending for r in range(1, self.world)]
             values = [[float(x) for x in v.decode().split()] for v in self.store.multi_get(keys)]
-            if any(v[0] < step for v in values):  # not every rank is there yet
-                if time.monotonic() >= deadline:
-                    return
-                time.sleep(0.01)
-                continue
-            self._pending.pop(0)
-            if any(v[0] > step for v in values):
-                continue
-            rows = [own] + [v[1:] for v in values]
-            windows = [Window(step, c, w, q, *self._ids[r]) for r, (c, w, q) in enumerate(rows)]
-            for ep in self.detector.update(windows):
-                logger.warning(ep.line())
+            while self._pending:
+                (step, own), theirs = self._pending[0], values[:others]
+                if any(v[0] < step for v in theirs):  # not every rank is there yet
+                    break
+                self._pending.pop(0)
+                del values[:others]
+                if any(v[0] > step for v in theirs):
+                    continue
+                rows = [own] + [v[1:] for v in theirs]
+                windows = [Window(step, c, w, q, *self._ids[r]) for r, (c, w, q) in enumerate(rows)]
+                for ep in self.detector.update(windows):
+                    logger.warning(ep.line())
+            if not self._pending or time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
+
+
+def _pause(cpu_s: float, wall_s: float, window_s: float) -> float:
+    """Seconds the side thread sleeps after a cycle that took ``cpu_s`` of its CPU and ``wall_s``: long enough to
+    keep its CPU under ``BUDGET`` of the wall time, at most ``MAX_PAUSE_S`` and the time of ``RING // 4`` windows
+    of ``window_s`` each (rank 0 must read a window before its ring slot is written again).
+
+    The cost is per wake-up, not per window (on a 2-core VM, 130-260 us of CPU a wake-up on a rank's side thread,
+    most of it waking and taking the GIL from the busy training thread): on millisecond steps the thread scores
+    several windows per wake-up, on steps of 100 ms and more it wakes for each window.
+    """
+    return min(MAX_PAUSE_S, RING // 4 * window_s, max(0.0, cpu_s / BUDGET - wall_s))
 
 
 def _seconds(compute: Any) -> float:
