@@ -271,3 +271,21 @@ def test_cores_are_the_ranks_affinity_on_rank0_host_capped_by_the_cgroup_quota(t
     assert job_cores([rep(0, "a", [0, 1, 2, 3], 2.5), rep(1, "a", [0, 1, 2, 3])]) == 3
     down = merge_accounting([rep(0, "a", [0]), {**rep(1, "a", [1]), "reason": "no /proc"}])
     assert down["method"] == "unavailable" and down["reason"] == "rank 1: no /proc" and down["ranks"] == []
+
+
+def test_a_threads_cpu_quota_hold_is_read_from_its_own_cgroup_v1_or_v2(tmp_path):
+    """The live monitor adds a rank's quota throttling to its wait for a CPU: read from the cgroup the thread is
+    in now (the fault benchmark moves a rank into a quota'd cgroup mid-run), in v1's ns or v2's us."""
+    from trainscale.train.instruments.accounting_summary import cgroup_throttled
+    proc, v1, v2 = tmp_path / "proc", tmp_path / "v1", tmp_path / "v2"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("9:memory:/m\n3:cpu,cpuacct:/job/rank1\n1:name=systemd:/\n0::/\n")
+    (v1 / "cpu" / "job" / "rank1").mkdir(parents=True)
+    (v1 / "cpu" / "job" / "rank1" / "cpu.stat").write_text("nr_periods 40\nnr_throttled 12\nthrottled_time 2500000000\n")
+    assert cgroup_throttled(7, v1, proc) == ("/job/rank1", 2.5)
+    (proc / "7" / "cgroup").write_text("0::/kubepods/pod1\n")
+    (v2 / "kubepods" / "pod1").mkdir(parents=True)
+    (v2 / "kubepods" / "pod1" / "cpu.stat").write_text("usage_usec 900\nnr_throttled 3\nthrottled_usec 1500\n")
+    assert cgroup_throttled(7, v2, proc) == ("/kubepods/pod1", 0.0015)
+    assert cgroup_throttled(8, v2, proc) is None  # no such thread
+    assert cgroup_throttled(7, v1, proc) is None  # its cgroup has no cpu.stat there

@@ -168,7 +168,7 @@ def test_windows_sent_faster_than_the_side_thread_wakes_are_all_scored(monkeypat
 @pytest.mark.timeout(200)
 def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
     out = tmp_path / "s.json"
-    r = run_cli(["train", "--nproc", "2", "--steps", "80", *FAST, "--job.slow_rank", "1", "--job.slow_factor", "4",
+    r = run_cli(["train", "--nproc", "2", "--steps", "160", *FAST, "--job.slow_rank", "1", "--job.slow_factor", "4",
                  "--job.slow_from_step", "30", "--log.straggler_every", "5", "--job.out", str(tmp_path), "--json", str(out)], timeout=180)
     assert r.rc == 0, r.text
     episodes = read_json(out)["stragglers"]
@@ -177,15 +177,21 @@ def test_a_rank_slowed_mid_run_is_named_with_its_onset_and_cause(tmp_path):
     # The onset is where the rank's CUSUM sum last left zero: a noisy window before the fault can start it early (a
     # quiet run here: since step 22 for the onset at 30; in 1 run of 10 on this VM, since step 12, rank 1's windows
     # before the fault keeping the sum above zero), so the onset is checked to be after the unscored start-up
-    # windows (steps 1-10) and no later than the fault's first window.
+    # windows (steps 1-10).
     slowed = [e for e in episodes if e["rank"] == 1 and e["cause"] == "compute" and e["detected_at_step"] >= 30]
     assert slowed, episodes
     ep = slowed[0]
     assert ep["slowdown"] > 2, episodes
-    assert 11 <= ep["since_step"] <= 35 and ep["detected_at_step"] <= 46, ep  # detected within 3 windows
+    # On a quiet machine: since step 22-32, detected within 3 windows of the fault. Beside a nice'd busy loop the
+    # threshold grows with the ranks' noise, and a rank first named for waiting for a CPU is named for compute
+    # from when that cause took over: in 4 of 24 runs here (the detectors of e77e1c1 and of now alike), since step
+    # 42 or 47, or detected at step 51 or 56.
+    assert 11 <= ep["since_step"] <= 50 and ep["detected_at_step"] <= 60, ep
     assert f"pid {ep['pid']}) slow since step {ep['since_step']}: " in r.text and "(likely compute)" in r.text
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(len(row["straggler_scores"]) == 2 for row in rows)  # each rank's time over the other's, per log point
+    # Each log point holds the ranks' last scored windows: up to a pause or two (MAX_PAUSE_S each) behind, so the
+    # run goes on long enough after the fault for the slowed windows to reach a log point.
     assert max(row["straggler_scores"][1] for row in rows) > 2
 
 

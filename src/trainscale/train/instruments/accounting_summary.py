@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["merge_accounting", "cgroup_cores", "local_cpu_limits", "job_cores"]
+__all__ = ["merge_accounting", "cgroup_cores", "cgroup_throttled", "local_cpu_limits", "job_cores"]
 
 _RANK_KEYS = ("rank", "pid", "host", "threads", "cpu_s", "runq_s")
 
@@ -25,6 +25,29 @@ def cgroup_cores(root: Path = Path("/sys/fs/cgroup")) -> float:
         return math.inf if quota <= 0 else quota / period
     except (OSError, ValueError):
         return math.inf
+
+
+def cgroup_throttled(tid: int, root: Path = Path("/sys/fs/cgroup"),
+                     proc: Path = Path("/proc/self/task")) -> tuple[str, float] | None:
+    """Thread ``tid``'s CPU cgroup and the seconds its tasks have been held back by the cgroup's CPU quota so far
+    (``cpu.stat``: v1 ``throttled_time`` in ns, v2 ``throttled_usec``); None where neither is readable.
+
+    Throttled tasks stay runnable but do not run; a throttled rank's collectives' threads hold up every rank
+    while its training thread sleeps in the collective, where its own run-queue wait does not see it.
+    """
+    try:
+        lines = (proc / str(tid) / "cgroup").read_text().splitlines()
+        entries = [line.split(":", 2) for line in lines if line.count(":") >= 2]
+        v1 = next((path for _, ctl, path in entries if "cpu" in ctl.split(",")), None)
+        if v1 is not None:
+            path, stat, key, unit = v1, root / "cpu" / v1.lstrip("/") / "cpu.stat", "throttled_time", 1e-9
+        else:
+            path = next(p for h, ctl, p in entries if h == "0" and ctl == "")
+            stat, key, unit = root / path.lstrip("/") / "cpu.stat", "throttled_usec", 1e-6
+        fields = dict(line.split() for line in stat.read_text().splitlines() if line.count(" ") == 1)
+        return path, int(fields[key]) * unit
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
 
 
 def local_cpu_limits() -> dict[str, Any]:

@@ -9,7 +9,10 @@ forward and backward: woken when the all-reduce completes, its training thread w
 runs the optimizer and fetches the next batch (a rank pinned beside two busy processes: forward 1.43 -> 3.90
 ms, whole step 7.28 -> 16.58 ms). Part of that wait also falls inside the compute clock and is counted twice;
 that over-weights contention, which the compute clock and data wait alone named right in 2 of 11 injected
-runs (a busy process or two on the rank's core).
+runs (a busy process or two on the rank's core). The time the rank's CPU cgroup was throttled by its quota is
+added to that wait: a throttled rank's Gloo threads hold up every rank's all-reduce while its training thread
+sleeps in it, where no run-queue wait of that thread shows (fault benchmark, seed 56: a rank held to 0.4 of a
+core, the job 2.9x slower, not named without it).
 
 The training thread only appends three numbers per measured step and, every ``log.straggler_every`` steps,
 hands the window to a side thread, which pauses between wake-ups to keep its CPU under ``BUDGET`` of a core and
@@ -41,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...log import logger
+from .accounting_summary import cgroup_throttled
 
 __all__ = ["Episode", "StragglerDetector", "StragglerMonitor", "Window", "DRIFT", "THRESHOLD"]
 
@@ -67,7 +71,7 @@ RING = 128  # store slots per rank for its windows: rank 0 may lag this many win
 # host), which is not a fault; in the fault benchmark's clean runs 13 of 18 false alarms opened in the first two.
 WARMUP = 2
 BUDGET = 0.0015  # the side thread's CPU, as a share of the wall time, that its pauses keep it under (``_pause``)
-MAX_PAUSE_S = 1.0  # the longest pause: a warning comes at most about this late
+MAX_PAUSE_S = 0.5  # the longest pause: a warning or a score in metrics.jsonl comes at most about this late
 _RUNS = itertools.count()  # a key of the store per run of this process (a script may start several)
 
 
@@ -78,7 +82,7 @@ class Window:
     step: int
     compute_s: float
     wait_s: float
-    runq_s: float  # the training thread's run-queue wait per step; NaN without the time accounting
+    runq_s: float  # the training thread's run-queue wait + its cgroup's quota throttling per step; NaN: no accounting
     host: str = ""
     pid: int = 0
 
@@ -289,6 +293,8 @@ class StragglerMonitor:
         self._queue: queue.SimpleQueue[tuple[int, list[tuple[Any, float, float]]] | None] = queue.SimpleQueue()
         self._failed = False
         self._closing = threading.Event()  # cuts the side thread's pause short at the end of the run
+        self._tid = threading.get_native_id()  # the training thread (the one that builds the run)
+        self._throttled = cgroup_throttled(self._tid)  # (its CPU cgroup, seconds throttled) at the last read
         # Before the run's first collective (prepare's), so that every rank's keys exist when rank 0 reads them.
         store.set(f"{self.prefix}/id/{rank}", f"{socket.gethostname()} {os.getpid()}")
         for slot in range(RING if rank > 0 else 0):  # rank 0 keeps its own windows: it is the one that reads
@@ -349,6 +355,9 @@ class StragglerMonitor:
             try:
                 windows = [(step, [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])])
                            for step, rows in items]
+                held = self._throttled_since() / (len(windows) * self.every)
+                for _, med in windows:  # a CPU quota's hold on the rank counts as its wait for a CPU
+                    med[2] += held
                 if self.detector is None:
                     self._publish(windows)
                 else:
@@ -365,6 +374,13 @@ class StragglerMonitor:
                 self._score(wait_s=5.0)
             except Exception as e:
                 logger.debug(f"straggler monitor: the last windows were not scored: {e}")
+
+    def _throttled_since(self) -> float:
+        """Seconds this rank's CPU cgroup was held back by its quota since the last read (0 if its cgroup changed)."""
+        last, self._throttled = self._throttled, cgroup_throttled(self._tid)
+        if last is None or self._throttled is None or last[0] != self._throttled[0]:
+            return 0.0
+        return self._throttled[1] - last[1]
 
     def _publish(self, windows: list[tuple[int, list[float]]]) -> None:
         """One store write for the windows: ``"step compute wait runq"`` into the rank's ring of ``RING`` slots."""
