@@ -9,8 +9,7 @@ that the doctor was not fitted on: ``bursty``, a busy loop at normal priority pi
 0.3 s then idle 0.3 s (load that comes and goes within one run); ``membw``, a loop copying 64 MB arrays pinned
 to the last core (it takes memory bandwidth from every core, and CPU from one).
 A cell is a hit when the planted cause is named first with verdict ``clear`` (for the clean job: no internal
-cause ``clear``; an ``external_load`` cause is allowed under load). ``fix_first`` counts apart the runs whose
-first clear cause, if not the planted one, carries the planted cause's own fix (``fix_first()``). Each doctor run is
+cause ``clear``; an ``external_load`` cause is allowed under load). Each doctor run is
 ``trainscale doctor --nproc 2 --repeat 2 --quick``, except the slow operator, which needs the second-level
 experiments (no ``--quick``). Last stdout line: one JSON object (also written to ``--json``).
 ``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``; about 80 min for
@@ -80,18 +79,6 @@ def hit(doc: dict, want: str | None) -> bool:
     return causes[0]["name"] == want and causes[0]["verdict"] == "clear"
 
 
-def fix_first(doc: dict, want: str | None) -> bool:
-    """A hit, or the first clear cause carries the planted cause's own fix (its ``apply_flags``, which ``--apply``
-    measures): tiny buckets beside a neighbour are named as the wait for a core that each small all-reduce pays,
-    with the bucket change attached. Counted apart from hits; the hit rule stays the strict one."""
-    if hit(doc, want):
-        return True
-    causes = doc.get("causes") or []
-    planted = next((c for c in causes if c["name"] == want), None)
-    return bool(causes and planted and planted["apply_flags"] and causes[0]["verdict"] == "clear"
-                and causes[0]["apply_flags"] == planted["apply_flags"])
-
-
 BURSTY = "import time\nwhile True:\n    end = time.monotonic() + 0.3\n    while time.monotonic() < end: pass\n" \
          "    time.sleep(0.3)\n"
 MEMBW = "import numpy as np\na = np.ones(8 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)\n"  # 64 MB each
@@ -159,20 +146,22 @@ def main() -> None:
                         if bg is not None:
                             stop(bg)
                     top = [(c["name"], c["verdict"], round(c["seconds_per_step"] * 1e3, 3)) for c in doc["causes"][:3]]
-                    results.append({"hit": hit(doc, want), "fix_first": fix_first(doc, want), "top": top,
+                    results.append({"hit": hit(doc, want), "top": top,
                                     "efficiency": doc.get("efficiency"),
                                     "seconds": round(time.monotonic() - t0, 1)})
-                    print(f"{cond:6s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'fix ' if results[-1]['fix_first'] else 'MISS'} {top} "
+                    print(f"{cond:6s} {cause:9s} run {r + 1}: {'hit ' if results[-1]['hit'] else 'MISS'} {top} "
                           f"({results[-1]['seconds']} s)", flush=True)
                 cells.append({"condition": cond, "cause": cause, "hits": sum(x["hit"] for x in results),
-                              "fix_first": sum(x["fix_first"] for x in results), "runs": len(results),
-                              "results": results})
-    total = sum(c["hits"] for c in cells), sum(c["runs"] for c in cells)
-    result = json.dumps({"hit_rate": total[0] / total[1], "hits": total[0], "runs": total[1],
-                         "fix_first": sum(c["fix_first"] for c in cells), "cells": cells})
-    if a.json:
-        a.json.write_text(result + "\n")
-    print(result)
+                              "runs": len(results), "results": results})
+                if a.json:  # after every cell: a matrix stopped early keeps what it measured
+                    a.json.write_text(summary(cells) + "\n")
+    print(summary(cells))
+
+
+def summary(cells: list[dict]) -> str:
+    """The result line: the hit rate over every run of ``cells``, and the cells."""
+    hits, runs = sum(c["hits"] for c in cells), sum(c["runs"] for c in cells)
+    return json.dumps({"hit_rate": hits / runs, "hits": hits, "runs": runs, "cells": cells})
 
 
 if __name__ == "__main__":

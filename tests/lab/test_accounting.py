@@ -105,21 +105,29 @@ def test_measured_cpu_contention_is_taken_out_of_communication():
     assert res["invariants"] == []
 
 
-def test_contention_inside_many_small_all_reduces_brings_the_bucket_change():
+def test_the_wait_inside_many_small_all_reduces_stays_with_the_exchange():
     # Tiny buckets beside a neighbour: each of 34 all-reduces per step wakes the ranks, which wait for a core each
-    # time. The wait is contention, and fusing the buckets is what removes most of it, so that change comes along.
+    # time. Fusing the buckets removes that wait with or without the neighbour, so it stays communication, with
+    # the bucket change as its fix, and both rows say how much.
     ext = {"machine_cores": 2, "cores": 1.0, "top": [{"pid": 4242, "name": "sh", "cores": 1.0}]}
     runs = phased(n_runq=0.003)
     for p in runs[("base", 2)]:
         p["allreduce_calls_per_step"] = 34
-    cpu = {x["name"]: x for x in analyse(runs, 2, {**CTX, "bucket_mb": 0.0, "external": ext},
-                                         replicates=60)["causes"]}["cpu_contention"]
-    assert cpu["apply_flags"] == {"strategy.bucket_mb": "25"}
-    assert "pid 4242" in cpu["suggestion"] and "--strategy.bucket_mb 25" in cpu["suggestion"]
-    # Buckets already fused: only the neighbour is named.
+    res = analyse(runs, 2, {**CTX, "bucket_mb": 0.0, "external": ext}, replicates=60)
+    c = {x["name"]: x for x in res["causes"]}
+    assert res["causes"][0]["name"] == "communication" and res["causes"][0]["significant"]
+    assert c["communication"]["seconds_per_step"] == pytest.approx(0.004, abs=2e-4)
+    assert c["communication"]["apply_flags"] == {"strategy.bucket_mb": "25"}
+    assert "including 3.00 ms/step the ranks waited for a core" in c["communication"]["evidence"]
+    assert c["cpu_contention"]["seconds_per_step"] == pytest.approx(0.0, abs=2e-4)
+    assert c["cpu_contention"]["kept_in_communication_s"] == pytest.approx(0.003, abs=1e-6)
+    assert "3.00 ms/step more of the wait was inside the exchange" in c["cpu_contention"]["evidence"]
+    assert res["invariants"] == []
+    # Buckets already fused: the wait is the neighbour's, named with its pid.
     cpu = {x["name"]: x for x in analyse(phased(n_runq=0.003), 2, {**CTX, "external": ext},
                                          replicates=60)["causes"]}["cpu_contention"]
-    assert cpu["apply_flags"] == {} and "bucket" not in cpu["suggestion"]
+    assert cpu["seconds_per_step"] == pytest.approx(0.003, abs=2e-4)
+    assert "kept_in_communication_s" not in cpu and "pid 4242" in cpu["suggestion"]
 
 
 def test_under_an_outside_load_a_late_batch_of_a_descheduled_loader_is_contention():
