@@ -17,8 +17,10 @@ import json
 import re
 from pathlib import Path
 
+from trainscale.config import Config, apply_overrides
 from trainscale.lab.analysis import analyse
 from trainscale.lab.experiments import phase_parts
+from trainscale.lab.suggest import context_from_config
 
 
 def _nproc(f: Path) -> int:
@@ -68,7 +70,11 @@ def main() -> None:
     for d in p.parse_args().folders:
         doc = json.loads((d / "doctor.json").read_text())
         runs = phased_runs(d)
-        res = analyse(runs, doc["nproc"], {"external": doc.get("external")}, **second_level(d, runs))
+        # The job's own settings, as the doctor had them (the bucket size decides where a wait for a core goes).
+        train = doc["config"]["train"]
+        cfg = apply_overrides(Config(), {f"{sec}.{k}": v for sec, fields in train.items() for k, v in fields.items()})
+        ctx = {**context_from_config(cfg), "external": doc.get("external")}
+        res = analyse(runs, doc["nproc"], ctx, **second_level(d, runs))
         out[str(d)] = {"before": top(doc["causes"]), "after": top(res["causes"]), "efficiency": res["efficiency"]}
         print(f"{d}: efficiency {res['efficiency']:.1%}\n  before {out[str(d)]['before']}\n  after  {out[str(d)]['after']}")
     print(json.dumps(out))
