@@ -24,6 +24,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,39 @@ def judged(run: dict[str, Any], det: StragglerDetector) -> bench.Run:
     return r
 
 
+def score(runs: list[dict[str, Any]], every: int, no_runq: bool, settings: dict[str, float],
+          rows: Callable[[dict[str, Any]], list[Any]] = lambda run: run["windows"],
+          verbose: bool = False) -> dict[str, Any]:
+    """Replay every slow or clean run (its windows as ``rows`` gives them) and tally the answers as the benchmark
+    does."""
+    tally: dict[str, int] = {}
+    per_kind: dict[str, list[int]] = {}
+    delays: list[int] = []
+    alarms: dict[str, int] = {}  # false alarms by the cause their first episode named
+    for run in runs:
+        if run["truth"] not in ("clean", "compute", "data", "cpu_contention") or not run.get("windows"):
+            continue  # hangs and failures are not the monitor's to name
+        r = judged(run, replay(rows(run), every, no_runq, **settings))
+        tally[r.verdict] = tally.get(r.verdict, 0) + 1
+        if r.kind:
+            k = per_kind.setdefault(r.kind, [0, 0])
+            k[0] += r.verdict == "right"
+            k[1] += 1
+        if r.verdict == "false_alarm":
+            alarms[r.said] = alarms.get(r.said, 0) + 1
+        if r.verdict == "right" and r.detection_steps is not None:
+            delays.append(r.detection_steps)
+        if verbose and r.verdict not in ("right", "clean"):
+            print(f"run {r.i}: {r.kind or 'clean'} rank {r.rank} step {r.step}: {r.verdict}"
+                  + (f" ({r.said} on rank {r.said_rank[0]})" if r.said else ""), file=sys.stderr)
+    return {"right": tally.get("right", 0), "injected": sum(v[1] for v in per_kind.values()),
+            "missed": tally.get("missed", 0), "wrong": tally.get("wrong", 0), "unknown": tally.get("unknown", 0),
+            "false_alarms": tally.get("false_alarm", 0), "false_alarm_causes": alarms,
+            "clean_runs": tally.get("false_alarm", 0) + tally.get("clean", 0),
+            "median_detection_steps": statistics.median(delays) if delays else None,
+            "per_kind": {k: f"{v[0]}/{v[1]}" for k, v in sorted(per_kind.items())}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="the benchmark's --out files, run with --windows (JSONL, a run a line)")
@@ -78,35 +112,8 @@ def main() -> None:
     runs = [json.loads(line) for f in a.runs for line in Path(f).read_text().splitlines() if line.strip()]
     if not any(run.get("windows") for run in runs):
         sys.exit(f"straggler_replay: no windows in {' '.join(a.runs)}: run fault_localisation.py with --windows")
-    tally: dict[str, int] = {}
-    per_kind: dict[str, list[int]] = {}
-    delays: list[int] = []
-    alarms: dict[str, int] = {}  # false alarms by the cause their first episode named
-    for run in runs:
-        if run["truth"] not in ("clean", "compute", "data", "cpu_contention") or not run.get("windows"):
-            continue  # hangs and failures are not the monitor's to name
-        r = judged(run, replay(run["windows"], a.every, a.no_runq, **settings))
-        tally[r.verdict] = tally.get(r.verdict, 0) + 1
-        if r.kind:
-            k = per_kind.setdefault(r.kind, [0, 0])
-            k[0] += r.verdict == "right"
-            k[1] += 1
-        if r.verdict == "false_alarm":
-            alarms[r.said] = alarms.get(r.said, 0) + 1
-        if r.verdict == "right" and r.detection_steps is not None:
-            delays.append(r.detection_steps)
-        if a.verbose and r.verdict not in ("right", "clean"):
-            print(f"run {r.i}: {r.kind or 'clean'} rank {r.rank} step {r.step}: {r.verdict}"
-                  + (f" ({r.said} on rank {r.said_rank[0]})" if r.said else ""), file=sys.stderr)
-    injected = sum(v[1] for v in per_kind.values())
-    print(json.dumps({
-        "right": tally.get("right", 0), "injected": injected, "missed": tally.get("missed", 0),
-        "wrong": tally.get("wrong", 0), "unknown": tally.get("unknown", 0),
-        "false_alarms": tally.get("false_alarm", 0), "false_alarm_causes": alarms, "clean_runs": tally.get("false_alarm", 0) + tally.get("clean", 0),
-        "median_detection_steps": statistics.median(delays) if delays else None,
-        "per_kind": {k: f"{v[0]}/{v[1]}" for k, v in sorted(per_kind.items())},
-        "drift": a.drift, "threshold": a.threshold, "no_runq": a.no_runq}))
-
+    result = score(runs, a.every, a.no_runq, settings, verbose=a.verbose)
+    print(json.dumps({**result, "drift": a.drift, "threshold": a.threshold, "no_runq": a.no_runq}))
 
 if __name__ == "__main__":
     main()
