@@ -557,8 +557,7 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     cause = _cause("cpu_contention", per_repeat, [se["base", 1], se["base", n]], loss,
                    _contention_evidence(ctx, n, r1, rn), *_contention_advice(ctx, n), who=_who(ctx, n))
     cause["moved_from"] = []
-    if any(kept):
-        k = statistics.median(kept)
+    if (k := statistics.median(kept)) > 0:
         cause["kept_in_communication_s"] = k
         cause["evidence"] += (f"; {k * 1e3:.2f} ms/step more of the wait was inside the exchange's small all-reduces "
                               "and is counted under communication, whose fix (bigger buckets) removes those wake-ups")
