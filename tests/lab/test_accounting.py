@@ -8,6 +8,7 @@ import pytest
 from trainscale.lab.analysis import analyse
 from trainscale.lab.bottleneck import bottleneck, step_shares
 from trainscale.lab.invariants import violations
+from trainscale.lab.stats import arrivals_behind, critical_runq
 
 CTX = {"bucket_mb": 25.0, "overlap": True, "workers": 0, "batch_size": 32, "slow_rank": -1, "sample_delay_ms": 0,
        "strategy_fields": [], "data_fields": ["workers", "prefetch"]}
@@ -63,6 +64,19 @@ def test_the_last_rank_to_arrive_is_waited_for():
     assert missing == [] and info["last_arrivals"] == [0, 16]
     assert shares["waiting_for_peers"] == pytest.approx(0.003 / 0.020)
     assert shares["communication"] == pytest.approx(0.001 / 0.020)
+
+
+def test_a_rank_waiting_for_a_later_one_is_not_held_up_by_its_own_backend_threads():
+    # Rank 0 arrives 10 ms before rank 1 and waits 11 ms in the exchange; its backend threads wait 3 ms for a
+    # core meanwhile. The step waits for rank 1 for 10 of those ms, so at most the last 1 ms (the exchange
+    # itself) of rank 0's backend wait can have held it up: 0.2 + 1 ms, more than rank 1's 0.2 + 0.5 ms.
+    r0 = [[0, 0.016, 0.004, 0.0, 0.0002, 0.0032, 0.004, 0.011, 0.004]]
+    r1 = [[0, 0.016, 0.014, 0.0, 0.0002, 0.0007, 0.014, 0.001, 0.014]]
+    assert arrivals_behind([r0[0], r1[0]]) == pytest.approx([0.010, 0.0])
+    assert critical_runq([r0, r1]) == pytest.approx(0.0012)  # not rank 0's 0.2 + 3 ms
+    assert critical_runq([r0, r1], backend=False) == pytest.approx(0.0002)
+    no_arrivals = [[r[:8] + [float("nan")] for r in rr] for rr in (r0, r1)]
+    assert critical_runq(no_arrivals) == pytest.approx(0.0032)  # without arrivals every exposed wait counts
 
 
 def test_rows_without_accounting_leave_the_measured_parts_out():

@@ -130,14 +130,11 @@ def test_straggler_is_named_by_rank(tmp_path):
     doc, r = doctor(tmp_path, *PLANTED, "--quick", "--job.slow_rank", "1", "--job.slow_factor", "5",
                     "--model.width", "256", "--batch-size", "64")
     top = first(doc)
-    strag = next(c for c in doc["causes"] if c["name"] == "straggler")
-    if top["name"] == "cpu_contention":
-        # Beside other work (a shared machine: 2.7 ms/step of measured wait for a core beside a nice'd CPU hog, part
-        # of it inside the slow rank's steps), that wait can come first: the planted rank must still be named, clear.
-        assert doc["external"]["top"] and strag["significant"], doc["causes"]
-    else:
-        assert top is strag, doc["causes"]
-    assert strag["rank"] == 1 and "straggler (rank 1)" in r.out
+    assert top["name"] == "straggler" and top["rank"] == 1 and "straggler (rank 1)" in r.out, doc["causes"]
+    # It arrives last at the exchange (its gradients come late), and the others' wait for it is measured.
+    last = doc["bottleneck"]["last_arrivals"]
+    assert last[1] > 0.9 * sum(last), last
+    assert doc["bottleneck"]["shares"]["waiting_for_peers"] > 0.2, doc["bottleneck"]
 
 
 @pytest.mark.full  # the matrix's second-level cells check it too

@@ -74,7 +74,7 @@ def _split(row: list[float], step: float, behind: float, missing: set[str], back
            ) -> dict[str, float]:
     """One rank's step in seconds per part; ``behind``: how long before the last rank this rank arrived."""
     wait = max(0.0, _col(row, "data_wait_s") if math.isfinite(_col(row, "data_wait_s")) else 0.0)
-    runq, comm = step_runq(row, backend), _col(row, "comm_wait_s")
+    runq, comm = step_runq(row, backend, behind), _col(row, "comm_wait_s")
     if not math.isfinite(runq):
         missing.add("cpu_contention")
         runq = 0.0

@@ -9,7 +9,7 @@ from typing import Any
 from ..reporting.stats import Interval, mean_interval, median, rel_spread
 
 __all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait"]
+           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
 # loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
@@ -60,15 +60,26 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     return slowest_each_step - slowest_rank
 
 
-def step_runq(row: list[float], backend: bool = True) -> float:
+def step_runq(row: list[float], backend: bool = True, behind: float = 0.0) -> float:
     """Seconds of one rank's step lost waiting for a core: its main thread's run-queue wait, plus the backend
-    threads' wait as far as the step waited for the exchange (their wait while the exchange still overlapped
-    backward cost nothing). NaN without the run-queue columns (``config.STEP_ROW`` 4, 5 and 7)."""
+    threads' wait as far as the step waited for the exchange itself (their wait while the exchange still overlapped
+    backward cost nothing, and neither did their wait while this rank, ``behind`` seconds ahead of the last to
+    arrive, waited for that one). NaN without the run-queue columns (``config.STEP_ROW`` 4, 5 and 7)."""
     if len(row) < 8 or row[4] is None or not math.isfinite(row[4]):
         return float("nan")
     crit = row[5] if backend and row[5] is not None and math.isfinite(row[5]) else row[4]
     comm = row[7] if row[7] is not None and math.isfinite(row[7]) else 0.0
-    return row[4] + min(max(0.0, crit - row[4]), max(0.0, comm))
+    own = comm - (behind if math.isfinite(behind) else 0.0)
+    return row[4] + min(max(0.0, crit - row[4]), max(0.0, own))
+
+
+def arrivals_behind(rows: list[list[float]]) -> list[float]:
+    """Per rank of one step: how long before the last rank it arrived at the exchange (``config.STEP_ROW`` 8, on
+    a clock common to all ranks); zeros when a rank has no arrival."""
+    arr = [r[8] if len(r) > 8 and r[8] is not None else float("nan") for r in rows]
+    if len(rows) < 2 or not all(math.isfinite(a) for a in arr):
+        return [0.0] * len(rows)
+    return [max(arr) - a for a in arr]
 
 
 def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None, backend: bool = True
@@ -77,13 +88,15 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
 
     ``ranks``: every rank's rows of one phase (``config.STEP_ROW``). A synchronous step waits for its last rank,
     and a collective for its slowest participant, so a rank descheduled for x ms delays everyone by up to x: per
-    step, the largest ``step_runq`` over the ranks. NaN when the rows carry no run-queue column (older
-    summaries, no schedstat).
+    step, the largest ``step_runq`` over the ranks. A rank that waits in the exchange for a later one is not
+    held up by its own backend threads' wait meanwhile, so that wait is left out (arrivals, ``arrivals_behind``).
+    NaN when the rows carry no run-queue column (older summaries, no schedstat).
     """
     n = min((len(rows) for rows in ranks), default=0)
     steps = []
     for i in range(n):
-        runq = [step_runq(rows[i], backend) for rows in ranks]
+        rows = [r[i] for r in ranks]
+        runq = [step_runq(row, backend, b) for row, b in zip(rows, arrivals_behind(rows))]
         if all(math.isfinite(v) for v in runq):
             steps.append((int(ranks[0][i][0]), max(runq)))
     if not steps:

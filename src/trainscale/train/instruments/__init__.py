@@ -119,7 +119,7 @@ class Instruments:
             self.timeline.optimizer_starts(time.perf_counter())
 
     def watch(self, scaled_loss: torch.Tensor) -> None:
-        """Before ``backward``: the slowed rank's sleep first, then the clock, mark the end of the graph."""
+        """Before ``backward``: the slowed rank sleeps as backward starts; the clock marks the end of the graph."""
         if self.slow is not None:
             self.slow.watch(scaled_loss)
         self.clock.watch(scaled_loss)

@@ -32,17 +32,20 @@ def _queue_callback(fn: Any) -> None:
 class SlowRank:
     """Fault injection (``job.slow_rank``): this rank's forward+backward made ``factor`` x slower by a sleep.
 
-    The sleep runs when the backward graph is done, before DDP's reducer waits for its all-reduces, so the
-    other ranks wait for this one as they would for a real straggler. Registered before the compute
-    clock's own callback, so the clock measures the slowed time like any other compute. From step
-    ``from_step`` on (1-based, counted from the run's start): the onset of a fault in the middle of a run.
+    The sleep runs as backward starts, before any gradient is ready, so DDP's all-reduces start late on this rank
+    and the others wait for it inside them, as they would for a rank with more work: its last gradient (its
+    arrival at the exchange) comes late, and its own wait in the exchange stays the exchange's. Its length is
+    ``factor - 1`` times the rank's previous forward+backward without the sleep. Registered before the compute
+    clock's own hook, so the clock measures the slowed time like any other compute. From step ``from_step`` on
+    (1-based, counted from the run's start): the onset of a fault in the middle of a run.
     """
 
-    __slots__ = ("factor", "t0", "from_step", "on")
+    __slots__ = ("factor", "t0", "from_step", "on", "last", "slept")
 
     def __init__(self, factor: float, from_step: int = 0):
         self.factor, self.t0, self.from_step = factor, 0.0, from_step
         self.on = from_step <= 1
+        self.last = self.slept = 0.0  # the previous forward+backward without the sleep; this step's sleep
 
     def next_step(self, step: int) -> None:
         """Step ``step`` (1-based) comes next."""
@@ -50,16 +53,22 @@ class SlowRank:
 
     def start(self) -> None:
         """Mark the start of a micro-step's forward."""
-        self.t0 = time.perf_counter()
+        self.t0, self.slept = time.perf_counter(), 0.0
 
     def watch(self, loss: torch.Tensor) -> None:
-        """Sleep once ``loss``'s backward graph is done (call before ``backward``)."""
+        """Sleep as ``loss``'s backward starts, and time the graph without it (call before ``backward``)."""
         if loss.requires_grad:
-            loss.register_hook(lambda g: _queue_callback(self._sleep))
+            loss.register_hook(self._on_backward_start)
 
-    def _sleep(self) -> None:
-        if self.on:
-            time.sleep((time.perf_counter() - self.t0) * (self.factor - 1.0))
+    def _on_backward_start(self, grad: torch.Tensor) -> None:
+        _queue_callback(self._on_graph_done)
+        if self.on and self.last > 0:
+            t = time.perf_counter()
+            time.sleep(self.last * (self.factor - 1.0))
+            self.slept = time.perf_counter() - t
+
+    def _on_graph_done(self) -> None:
+        self.last = time.perf_counter() - self.t0 - self.slept
 
 
 class ComputeClock:
