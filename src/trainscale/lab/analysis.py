@@ -426,7 +426,8 @@ def loader_competes(causes: list[dict[str, Any]], n: int) -> None:
 
 
 def confounded_by_load(causes: list[dict[str, Any]]) -> None:
-    """Under an outside load that clearly cost the job, an internal cause smaller than that load is only ``likely``.
+    """Under an outside load that clearly cost the job, an internal cause smaller than that load is only ``likely``,
+    and says so (a cause already only likely gets the same note).
 
     The phases stay paired, but taking a part of the step away also takes away that part's exposure to the
     neighbour, and a blocking collective turns every descheduling of one rank into a wait for all: under a CPU hog
@@ -447,7 +448,7 @@ def confounded_by_load(causes: list[dict[str, Any]]) -> None:
     if cont is not None and not (cont.get("who") or {}).get("outside"):
         cont = None  # the job's own threads oversubscribed the cores: its own cause, no confounder
     for c in causes:
-        if c["verdict"] != "clear" or c is ext:
+        if c["verdict"] not in ("clear", "likely") or c is ext:
             continue
         larger = [b for b in (ext, cont if c["name"] == "compute_interference" else None)
                   if b is not None and c["seconds_per_step"] < b["seconds_per_step"]]
@@ -543,6 +544,8 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     # Under an outside load the measured wait is every thread's, the loader's among them: a batch that came late
     # because its loader thread waited for a core is that wait too (taken last, after what the ranks' waits hid in).
     contended = (*CONTENDED, "input") if outside_load(ctx) else CONTENDED
+    stays = _wakeups_stay(by.get("communication"))
+    kept = [0.0] * len(per_repeat)  # per repeat, the wait that stays in communication
     for i, v in enumerate(per_repeat):
         left = max(0.0, v)
         for name in contended:
@@ -550,15 +553,20 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
             if c is None or i >= len(c["per_repeat_s"]):
                 continue
             take = min(left, max(0.0, c["per_repeat_s"][i]))
-            moved.setdefault(name, [0.0] * len(per_repeat))[i] = take
             left -= take
-    kept = _wakeups_stay(by.get("communication"), moved, len(per_repeat))
+            if name == "communication" and stays:
+                kept[i] = take
+            else:
+                moved.setdefault(name, [0.0] * len(per_repeat))[i] = take
     per_repeat = [v - k for v, k in zip(per_repeat, kept)]
     cause = _cause("cpu_contention", per_repeat, [se["base", 1], se["base", n]], loss,
                    _contention_evidence(ctx, n, r1, rn), *_contention_advice(ctx, n), who=_who(ctx, n))
     cause["moved_from"] = []
     if (k := statistics.median(kept)) > 0:
         cause["kept_in_communication_s"] = k
+        by["communication"]["evidence"] += (
+            f" (including {k * 1e3:.2f} ms/step the ranks waited for a core after each of its wake-ups: fusing the "
+            "all-reduces removes them, so that wait is counted here, not under cpu_contention)")
         cause["evidence"] += (f"; {k * 1e3:.2f} ms/step more of the wait was inside the exchange's small all-reduces "
                               "and is counted under communication, whose fix (bigger buckets) removes those wake-ups")
     for name, part in moved.items():
@@ -577,8 +585,8 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     return True
 
 
-def _wakeups_stay(comm: dict[str, Any] | None, moved: dict[str, list[float]], repeats: int) -> list[float]:
-    """Per repeat, the wait for a core inside many small all-reduces, left in ``communication`` (out of ``moved``).
+def _wakeups_stay(comm: dict[str, Any] | None) -> bool:
+    """Whether the wait for a core inside the exchange stays in ``communication``: when the bucket fix applies.
 
     Each all-reduce wakes the ranks, and each wake-up waits for a core again, so a tiny-bucket exchange on shared
     cores pays that wait dozens of times a step. Fusing the all-reduces removes it with or without a neighbour;
@@ -587,16 +595,7 @@ def _wakeups_stay(comm: dict[str, Any] | None, moved: dict[str, list[float]], re
     one bucket either way. So it is the exchange's cause, with the bucket change as its fix, and the wait is
     noted in both rows.
     """
-    part = moved.get("communication")
-    if comm is None or not part or "strategy.bucket_mb" not in comm["apply_flags"]:
-        return [0.0] * repeats
-    del moved["communication"]
-    k = statistics.median(part)
-    if k > 0:
-        comm["evidence"] += (f" (including {k * 1e3:.2f} ms/step the ranks waited for a core after each of its "
-                             "wake-ups: fusing the all-reduces removes them, so that wait is counted here, not "
-                             "under cpu_contention)")
-    return part
+    return comm is not None and "strategy.bucket_mb" in comm["apply_flags"]
 
 
 def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:

@@ -100,11 +100,17 @@ def interval(values: list[float], level: float = 0.90) -> tuple[float, float, fl
 
 
 def verdict(value: float, low: float, p_positive: float, floor: float) -> str:
-    """A plain word: ``clear`` (the interval excludes zero), ``likely`` (>= 80% of replicates above zero),
-    ``undecided`` (big enough to matter, too noisy to say), ``no`` (smaller than the floor worth reporting)."""
+    """A plain word: ``clear`` (the whole interval lies above the floor worth reporting), ``likely`` (>= 80% of
+    replicates above zero), ``undecided`` (big enough to matter, too noisy to say), ``no`` (smaller than the floor).
+
+    ``clear`` asks for the low end above the floor, not only above zero: a cause whose estimate just passes the
+    floor while its interval reaches well below it is real but not shown to matter (a clean job on 2 cores:
+    forward+backward 2.09 ms/step slower at 2 processes, 90% interval 1.28 .. 7.02 ms, against a floor of 2.03 ms,
+    5% of its step; 1.54 ms and less in two other runs of the same job).
+    """
     if not math.isfinite(value) or value < floor or value <= 0:
         return "no"
-    if math.isfinite(low) and low > 0:
+    if math.isfinite(low) and low > max(floor, 0.0):
         return "clear"
     return "likely" if p_positive >= 0.8 else "undecided"
 

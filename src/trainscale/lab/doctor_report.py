@@ -228,8 +228,9 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
                      "intra-op threads per process, so 1 and N compare like with like. A cause's interval is the "
                      "central 90% of its values over runs resampled by whole cycles of phases (a block bootstrap: "
                      "valid for skewed, autocorrelated step times; medians keep a 10x step from moving it). Verdict: "
-                     "clear (the interval excludes zero), likely (80% of resamples above zero), undecided (large "
-                     "enough to matter, too noisy to tell: more repeats or a longer --budget may decide it), no "
+                     "clear (the whole interval above the minimum worth reporting), likely (80% of resamples above "
+                     "zero), undecided (large enough to matter, too noisy to tell: more repeats or a longer --budget "
+                     "may decide it), no "
                      "(below the minimum share of the loss). How much its size varies between repeats is in the "
                      "per-repeat column. --apply adopts a change only when the 90% interval of its throughput gain "
                      "(repeats and cycles resampled) lies above zero."),
