@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from ..config import STEP_ROW
-from .stats import job_step_time, step_runq
+from .stats import arrivals_behind, job_step_time, step_runq
 from .suggest import suggest
 
 __all__ = ["PARTS", "step_shares", "bottleneck", "outside_load"]
@@ -53,15 +53,14 @@ def step_shares(rank_steps: list[list[list[float]]], backend: bool = True
     last = [0] * len(rank_steps)
     for i in range(n):
         rows = [r[i] for r in rank_steps]
-        arrivals = [_col(r, "arrival_s") for r in rows]
-        latest = max(arrivals) if len(rows) > 1 and all(math.isfinite(a) for a in arrivals) else float("nan")
-        if math.isfinite(latest):
-            last[arrivals.index(latest)] += 1
-        for row, arrival in zip(rows, arrivals):
+        behind = arrivals_behind(rows)
+        if math.isfinite(behind[0]):
+            last[behind.index(0.0)] += 1
+        for row, ahead in zip(rows, behind):
             step = _col(row, "step_s")
             if not math.isfinite(step) or step <= 0:
                 continue
-            parts = _split(row, step, latest - arrival if math.isfinite(latest) else float("nan"), missing, backend)
+            parts = _split(row, step, ahead, missing, backend)
             for k, v in parts.items():
                 sums[k] += v
             total += step

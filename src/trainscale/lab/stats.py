@@ -75,10 +75,10 @@ def step_runq(row: list[float], backend: bool = True, behind: float = 0.0) -> fl
 
 def arrivals_behind(rows: list[list[float]]) -> list[float]:
     """Per rank of one step: how long before the last rank it arrived at the exchange (``config.STEP_ROW`` 8, on
-    a clock common to all ranks); zeros when a rank has no arrival."""
+    a clock common to all ranks); NaN for all when one rank has no arrival or there is one rank."""
     arr = [r[8] if len(r) > 8 and r[8] is not None else float("nan") for r in rows]
     if len(rows) < 2 or not all(math.isfinite(a) for a in arr):
-        return [0.0] * len(rows)
+        return [float("nan")] * len(rows)
     return [max(arr) - a for a in arr]
 
 
