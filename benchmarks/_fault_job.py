@@ -18,7 +18,7 @@ With ``TRAINSCALE_BENCH_ONSET=FILE`` the faulty rank writes ``time.time()`` ther
 ``TRAINSCALE_BENCH_TIMES=DIR`` each rank writes ``DIR/steps.RANK.json``: each step's wall time by its own clock
 (batch to the end of the step), taken apart from trainscale's instruments, so that the benchmark can measure how
 much a planted fault slowed the job. With ``TRAINSCALE_BENCH_WINDOWS=FILE`` rank 0 appends there every window its
-straggler detector scores (per rank: step, compute, data wait, run-queue wait), for
+straggler detector scores (per rank: step, compute, data wait, run-queue wait, the cores others used on its host), for
 ``straggler_replay.py``. Other arguments (``--section.field VALUE``) go to the run configuration.
 """
 
@@ -128,7 +128,7 @@ def log_windows(path: str) -> None:
 
     def logged(self: StragglerDetector, windows: list) -> list:
         with open(path, "a") as f:
-            f.write(json.dumps([[w.step, w.compute_s, w.wait_s, w.runq_s] for w in windows]) + "\n")
+            f.write(json.dumps([[w.step, w.compute_s, w.wait_s, w.runq_s, w.other_cores] for w in windows]) + "\n")
         return update(self, windows)
 
     StragglerDetector.update = logged  # type: ignore[method-assign]

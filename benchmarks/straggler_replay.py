@@ -8,7 +8,7 @@ without running the jobs again.
 
 With ``--windows`` each line of the benchmark's ``--out`` file holds, beside the run's truth, every window rank 0
 scored (per rank: the window's last step and its median compute, data wait and run-queue wait over
-``log.straggler_every`` steps). The answer is judged as the benchmark judges the live one: the first episode of
+``log.straggler_every`` steps, and in runs since the gate the cores others used on the rank's host). The answer is judged as the benchmark judges the live one: the first episode of
 the faulty rank detected at or after the onset (else the first episode of another rank after it: wrong), "cause
 unknown" counted apart, any episode in a clean run a false alarm. ``--no-runq`` drops the run-queue wait, as a run without the time
 accounting (``--log.accounting false``, or not Linux) sees it.
@@ -38,11 +38,12 @@ from trainscale.train.instruments.stragglers import StragglerDetector, Window  #
 
 
 def replay(rows: list[list[list[float]]], every: int, no_runq: bool, **settings: float) -> StragglerDetector:
-    """Feed one run's windows (per window, per rank: step, compute, wait, runq) to a fresh detector."""
+    """Feed one run's windows (per window, per rank: step, compute, wait, runq and, since the gate, the cores
+    others used on the rank's host) to a fresh detector."""
     det = StragglerDetector(world=len(rows[0]), every=every, **settings)
     for row in rows:
-        det.update([Window(int(step), c, w, math.nan if no_runq else q, "", r)
-                    for r, (step, c, w, q) in enumerate(row)])
+        det.update([Window(int(step), c, w, math.nan if no_runq else q, "", r, *other)
+                    for r, (step, c, w, q, *other) in enumerate(row)])
     return det
 
 

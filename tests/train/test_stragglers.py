@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from torch.distributed import HashStore
 
 from clitools import FAST, read_json, run_cli
 from trainscale.train.instruments import stragglers
+from trainscale.train.instruments.accounting_summary import host_busy_s
 from trainscale.train.instruments.stragglers import StragglerDetector, StragglerMonitor, Window
 
 NAN = math.nan
@@ -74,6 +76,33 @@ def test_a_rank_waiting_for_a_cpu_outside_its_compute_is_named_for_contention():
     feed(det, [fast, crowded])
     [ep] = det.episodes
     assert (ep.rank, ep.since_step, ep.cause) == (1, 31, "cpu_contention") and ep.slowdown > 2, ep
+
+
+def test_a_wait_for_a_cpu_counts_only_when_something_besides_the_ranks_took_the_host():
+    """Ranks sharing cores wait for each other in turn (placement, not a fault): a clean run on a 2-core VM, rank 0
+    waiting 2.0 ms for a CPU in a window where rank 1 waited none (fault benchmark, seed 57, run 95). The same wait
+    with a busy process beside the job, or under the rank's CPU quota, is the rank's slowdown."""
+    fast = [(0.0010, 0.00003, 0.0002)] * 12
+    crowded = fast[:6] + [(0.0010, 0.00003, 0.0030)] * 6
+
+    def named(other_cores: float) -> list[tuple[int, str]]:
+        det = StragglerDetector(world=2, every=5)
+        for i, rows in enumerate(zip(fast, crowded)):
+            det.update([Window((i + 1) * 5, c, w, q, "h", r, other_cores) for r, (c, w, q) in enumerate(rows)])
+        return [(e.rank, e.cause) for e in det.episodes]
+    assert named(0.05) == []  # only the job's ranks on the host
+    assert named(1.0) == named(math.inf) == named(NAN) == [(1, "cpu_contention")]  # a neighbour, a quota, unknown
+
+
+def test_the_cores_others_used_are_the_hosts_busy_cores_less_the_job_ranks_on_it(tmp_path):
+    hosts = ["a", "a", "b"]
+    # Host a: busy 2.0 cores, its two ranks 0.9 each: 0.2 for others. Host b: 1.0 busy, its rank 0.95.
+    got = stragglers._other_cores(hosts, [(2.0, 0.9), (2.0, 0.9), (1.0, 0.95)])
+    assert got == pytest.approx([0.2, 0.2, 0.05])
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    assert host_busy_s(stat) == pytest.approx((100 + 20 + 30 + 6 + 7) / os.sysconf("SC_CLK_TCK"))
+    assert math.isnan(host_busy_s(tmp_path / "missing"))
 
 
 def test_the_cause_is_that_of_every_window_since_the_onset_not_of_the_last_alone():

@@ -50,6 +50,19 @@ def cgroup_throttled(tid: int, root: Path = Path("/sys/fs/cgroup"),
         return None
 
 
+def host_busy_s(stat: Path = Path("/proc/stat")) -> float:
+    """Seconds of CPU this host (every core, every process) has spent busy since boot; NaN where unreadable.
+
+    Busy is user, nice, system, irq and softirq time (``/proc/stat``'s first line, in clock ticks): idle, I/O wait
+    and the time a hypervisor gave the vCPUs to others (steal) are not.
+    """
+    try:
+        v = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:8]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no os.sysconf (Windows)
+        return math.nan
+
+
 def local_cpu_limits() -> dict[str, Any]:
     """This process's CPUs: its affinity and its cgroup's quota (None: no quota)."""
     quota = cgroup_cores()
