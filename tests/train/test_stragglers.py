@@ -94,6 +94,22 @@ def test_a_wait_for_a_cpu_counts_only_when_something_besides_the_ranks_took_the_
     assert named(1.0) == named(math.inf) == named(NAN) == [(1, "cpu_contention")]  # a neighbour, a quota, unknown
 
 
+def test_a_rank_a_neighbour_holds_back_with_the_others_is_named_by_its_extra_wait():
+    """A neighbour pinned to rank 1's core slows rank 0 too (fault benchmark, seed 51, run 124): rank 1's own time
+    only 1.2-1.7x rank 0's, under the drift's reach, but its wait for a CPU 2-4 ms a step above rank 0's, window
+    after window. Named for contention where others took the host; not where only the ranks did, nor unmeasured."""
+    before = [((0.0030, 0.0001, 0.0010), (0.0030, 0.0001, 0.0010))] * 6
+    after = [((0.0040, 0.0001, 0.0015), (0.0030, 0.0001, 0.0040))] * 8  # 7.1 vs 5.6 ms: 1.28x
+
+    def named(other_cores: float) -> list[tuple[int, str, int]]:
+        det = StragglerDetector(world=2, every=5)
+        for i, rows in enumerate(before + after):
+            det.update([Window((i + 1) * 5, c, w, q, "h", r, other_cores) for r, (c, w, q) in enumerate(rows)])
+        return [(e.rank, e.cause, e.since_step) for e in det.episodes]
+    assert named(1.0) == [(1, "cpu_contention", 31)]
+    assert named(0.05) == [] and named(NAN) == []
+
+
 def test_the_cores_others_used_are_the_hosts_busy_cores_less_the_job_ranks_on_it(tmp_path):
     hosts = ["a", "a", "b"]
     # Host a: busy 2.0 cores, its two ranks 0.9 each: 0.2 for others. Host b: 1.0 busy, its rank 0.95.
