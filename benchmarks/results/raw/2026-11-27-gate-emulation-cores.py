@@ -1,0 +1,36 @@
+"""Replay seeds 51-57's saved windows with the gate emulated: others used 1 core of the host from a neighbour's or
+quota's onset, none otherwise (the column a live run records).
+
+    python benchmarks/results/raw/2026-11-27-gate-emulation-cores.py FILES
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE.parents[3] / "src"))
+
+import straggler_replay as replay  # noqa: E402
+
+from trainscale.train.instruments import stragglers  # noqa: E402
+
+
+def gated(run: dict) -> list:
+    outside = run["kind"] in ("neighbour", "quota")
+    return [[[s, c, w, q, 1.0 if outside and s >= run["step"] else 0.0] for s, c, w, q, *_ in row]
+            for row in run["windows"]]
+
+
+def main() -> None:
+    runs = [json.loads(line) for f in sys.argv[1:] for line in open(f) if line.strip()]
+    settings = {"drift": stragglers.DRIFT, "threshold": stragglers.THRESHOLD, "drift_sigmas": stragglers.DRIFT_SIGMAS,
+                "threshold_sigmas": stragglers.THRESHOLD_SIGMAS}
+    print(json.dumps(replay.score(runs, 5, False, settings, rows=gated, verbose=True)))
+
+
+if __name__ == "__main__":
+    main()
