@@ -132,6 +132,27 @@ def test_the_cause_is_that_of_every_window_since_the_onset_not_of_the_last_alone
     assert (ep.rank, ep.since_step, ep.cause) == (1, 21, "cpu_contention"), ep
 
 
+def test_a_wait_for_a_cpu_inside_in_thread_loading_is_not_data():
+    """A neighbour on rank 0's core (fault benchmark, seed 60, run 2; loading in the training thread): its data
+    wait rose 0.06 -> 4 ms a step with its wait for a CPU, window after window. Named for contention; the same
+    data wait without the extra wait for a CPU (a slow collate) is still named ``data``."""
+    before = [((0.0019, 0.00005, 0.0008), (0.0020, 0.00005, 0.0006))] * 8
+    crowded = [((0.00196, 0.00006, 0.00425), (0.00289, 0.00007, 0.00179)),
+               ((0.00163, 0.00412, 0.00406), (0.00189, 0.00006, 0.00055)),
+               ((0.00207, 0.00391, 0.00449), (0.00190, 0.00006, 0.00059)),
+               ((0.00195, 0.00353, 0.00332), (0.00206, 0.00010, 0.00062))]
+    slow_collate = [((c, w, q1), (c2, w2, q2)) for ((c, w, _), (c2, w2, q2)), (_, (_, _, q1)) in
+                    zip(crowded, before)]
+
+    def named(after: list) -> list[tuple[int, str]]:
+        det = StragglerDetector(world=2, every=5)
+        for i, rows in enumerate(before + after):
+            det.update([Window((i + 1) * 5, c, w, q, "h", r, 0.46) for r, (c, w, q) in enumerate(rows)])
+        return [(e.rank, e.cause) for e in det.episodes][:1]
+    assert named(crowded) == [(0, "cpu_contention")]
+    assert named(slow_collate) == [(0, "data")]
+
+
 def test_an_episode_ends_when_the_rank_recovers():
     det = StragglerDetector(world=2, every=5)
     fast = [(0.010, 0.0, NAN)] * 12

@@ -146,8 +146,13 @@ def _excess(mine: Window, others: list[Window]) -> dict[str, float]:
     }
     if math.isfinite(mine.runq_s) and all(math.isfinite(w.runq_s) for w in others):
         runq = excess["cpu_contention"] = mine.cpu_wait_s - statistics.median(w.cpu_wait_s for w in others)
-        # Compute's excess is net of the run-queue wait that can lie inside it: on-CPU work is what is left.
-        excess["compute"] -= min(max(runq, 0.0), max(excess["compute"], 0.0))
+        # The run-queue wait lies inside compute or, with a loader in the training thread, inside the data wait:
+        # compute's excess is net of it (on-CPU work is what is left), then the data wait's of what compute did
+        # not hold (a neighbour on a rank's core made its in-thread loading wait 4 ms a step more: not data).
+        for part in ("compute", "data"):
+            inside = min(max(runq, 0.0), max(excess[part], 0.0))
+            excess[part] -= inside
+            runq -= inside
     return excess
 
 
