@@ -119,7 +119,9 @@ def run_job(r: Run, timeout_s: float, extra: list[str], windows: bool = False) -
     from trainscale.lab.neighbours import LoadMonitor
 
     with tempfile.TemporaryDirectory() as d:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINSCALE_JSON": f"{d}/s.json",
+        # The jobs run in a temporary directory: they import this tree's package, whatever PYTHONPATH held.
+        path = os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TRAINSCALE_JSON": f"{d}/s.json",
                "TRAINSCALE_BENCH_ONSET": f"{d}/onset", "TRAINSCALE_BENCH_TIMES": d,
                "TRAINSCALE_BENCH_FAULT": f"{r.kind}:{r.rank}:{r.step}:{r.amount}" if r.kind else "",
                "TRAINSCALE_BENCH_WINDOWS": f"{d}/windows.jsonl" if windows else ""}
