@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from torch.distributed import HashStore
@@ -119,6 +120,23 @@ def test_the_cores_others_used_are_the_hosts_busy_cores_less_the_job_ranks_on_it
     stat.write_text("cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
     assert host_busy_s(stat) == pytest.approx((100 + 20 + 30 + 6 + 7) / os.sysconf("SC_CLK_TCK"))
     assert math.isnan(host_busy_s(tmp_path / "missing"))
+
+
+def test_a_rank_moved_under_a_cpu_quota_is_held_from_the_first_read(monkeypatch):
+    """The fault benchmark moves a rank's threads into a cgroup with a quota: the cycle of the move has no count
+    to subtract, yet the quota held the rank back (6 of 9 quota runs were named ``compute`` for it)."""
+    reads = iter([("/", 0.0), ("/", 0.0), ("/bench", 38.7), ("/bench", 38.75), ("/bench", 38.75), ("/idle", 0.0)])
+    monkeypatch.setattr(stragglers, "cgroup_throttled", lambda tid: next(reads))
+    mon = SimpleNamespace(_throttled=None, _tid=1)
+
+    def since() -> tuple[float, bool]:
+        return StragglerMonitor._throttled_since(mon)  # type: ignore[arg-type]
+    assert since() == (0.0, False)  # the first read: nothing to compare with
+    assert since() == (0.0, False)  # no quota held it
+    assert since() == (0.0, True)  # moved into a cgroup whose quota holds its tasks back
+    assert since() == (pytest.approx(0.05), True)
+    assert since() == (0.0, False)
+    assert since() == (0.0, False)  # moved into a cgroup that never held anything back
 
 
 def test_the_cause_is_that_of_every_window_since_the_onset_not_of_the_last_alone():

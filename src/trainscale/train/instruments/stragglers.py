@@ -404,11 +404,11 @@ class StragglerMonitor:
             try:
                 windows = [(step, [statistics.median(col) for col in zip(*[(_seconds(c), w, q) for c, w, q in rows])])
                            for step, rows in items]
-                held = self._throttled_since() / (len(windows) * self.every)
+                throttled, held = self._throttled_since()
                 busy, mine = self._cores_since()
                 for _, med in windows:  # a CPU quota's hold on the rank counts as its wait for a CPU
-                    med[2] += held
-                    med += [float(held > 0), busy, mine]
+                    med[2] += throttled / (len(windows) * self.every)
+                    med += [float(held), busy, mine]
                 if self.detector is None:
                     self._publish(windows)
                 else:
@@ -426,12 +426,21 @@ class StragglerMonitor:
             except Exception as e:
                 logger.debug(f"straggler monitor: the last windows were not scored: {e}")
 
-    def _throttled_since(self) -> float:
-        """Seconds this rank's CPU cgroup was held back by its quota since the last read (0 if its cgroup changed)."""
+    def _throttled_since(self) -> tuple[float, bool]:
+        """Seconds this rank's CPU cgroup held it back by its quota since the last read, and whether a quota held it.
+
+        A rank moved into another cgroup since the last read has no count to subtract (the new cgroup's counts
+        hold other tasks' past): no seconds, but held when that cgroup's quota has held back anything (seen in the
+        fault benchmark: the first cycle after the move, up to ``MAX_PAUSE_S``, showed 8-15 ms a step of wait
+        for a CPU while the gate saw no quota, and the rank was named for ``compute`` in 6 of 9 quota runs).
+        """
         last, self._throttled = self._throttled, cgroup_throttled(self._tid)
-        if last is None or self._throttled is None or last[0] != self._throttled[0]:
-            return 0.0
-        return self._throttled[1] - last[1]
+        if last is None or self._throttled is None:
+            return 0.0, False
+        if last[0] != self._throttled[0]:
+            return 0.0, self._throttled[1] > 0
+        seconds = self._throttled[1] - last[1]
+        return seconds, seconds > 0
 
     def _cores_since(self) -> tuple[float, float]:
         """Cores the host was busy and cores this process used since the last read (NaN where unknown)."""
