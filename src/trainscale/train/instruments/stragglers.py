@@ -430,9 +430,9 @@ class StragglerMonitor:
         """Seconds this rank's CPU cgroup held it back by its quota since the last read, and whether a quota held it.
 
         A rank moved into another cgroup since the last read has no count to subtract (the new cgroup's counts
-        hold other tasks' past): no seconds, but held when that cgroup's quota has held back anything (seen in the
-        fault benchmark: the first cycle after the move, up to ``MAX_PAUSE_S``, showed 8-15 ms a step of wait
-        for a CPU while the gate saw no quota, and the rank was named for ``compute`` in 6 of 9 quota runs).
+        hold other tasks' past): no seconds, but held when that cgroup's quota has held back anything (when the
+        fault benchmark moved a rank under a quota at the onset, the cycle of the move showed 8-15 ms a step of
+        wait for a CPU while the gate saw no quota: 7 of 10 such runs were named ``compute``).
         """
         last, self._throttled = self._throttled, cgroup_throttled(self._tid)
         if last is None or self._throttled is None:
