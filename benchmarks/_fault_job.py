@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import signal
 import subprocess
@@ -128,7 +129,9 @@ def log_windows(path: str) -> None:
 
     def logged(self: StragglerDetector, windows: list) -> list:
         with open(path, "a") as f:
-            f.write(json.dumps([[w.step, w.compute_s, w.wait_s, w.runq_s, w.other_cores] for w in windows]) + "\n")
+            # One number for the gate's input, as the replay reads it: infinite where the quota held the rank.
+            f.write(json.dumps([[w.step, w.compute_s, w.wait_s, w.runq_s, math.inf if w.held else w.other_cores]
+                                for w in windows]) + "\n")
         return update(self, windows)
 
     StragglerDetector.update = logged  # type: ignore[method-assign]

@@ -39,10 +39,10 @@ from trainscale.train.instruments.stragglers import StragglerDetector, Window  #
 
 def replay(rows: list[list[list[float]]], every: int, no_runq: bool, **settings: float) -> StragglerDetector:
     """Feed one run's windows (per window, per rank: step, compute, wait, runq and, since the gate, the cores
-    others used on the rank's host) to a fresh detector."""
+    others used on the rank's host, infinite where its quota held it) to a fresh detector."""
     det = StragglerDetector(world=len(rows[0]), every=every, **settings)
     for row in rows:
-        det.update([Window(int(step), c, w, math.nan if no_runq else q, "", r, *other)
+        det.update([Window(int(step), c, w, math.nan if no_runq else q, "", r, *other, held=math.inf in other)
                     for r, (step, c, w, q, *other) in enumerate(row)])
     return det
 

@@ -86,13 +86,14 @@ def test_a_wait_for_a_cpu_counts_only_when_something_besides_the_ranks_took_the_
     fast = [(0.0010, 0.00003, 0.0002)] * 12
     crowded = fast[:6] + [(0.0010, 0.00003, 0.0030)] * 6
 
-    def named(other_cores: float) -> list[tuple[int, str]]:
+    def named(other_cores: float, held: bool = False) -> list[tuple[int, str]]:
         det = StragglerDetector(world=2, every=5)
         for i, rows in enumerate(zip(fast, crowded)):
-            det.update([Window((i + 1) * 5, c, w, q, "h", r, other_cores) for r, (c, w, q) in enumerate(rows)])
+            det.update([Window((i + 1) * 5, c, w, q, "h", r, other_cores, held) for r, (c, w, q) in enumerate(rows)])
         return [(e.rank, e.cause) for e in det.episodes]
     assert named(0.05) == []  # only the job's ranks on the host
-    assert named(1.0) == named(math.inf) == named(NAN) == [(1, "cpu_contention")]  # a neighbour, a quota, unknown
+    # a neighbour, a quota (whatever others used), not measured
+    assert named(1.0) == named(0.05, held=True) == named(NAN) == [(1, "cpu_contention")]
 
 
 def test_a_rank_a_neighbour_holds_back_with_the_others_is_named_by_its_extra_wait():

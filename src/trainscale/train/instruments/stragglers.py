@@ -98,14 +98,19 @@ class Window:
     runq_s: float  # the training thread's run-queue wait + its cgroup's quota throttling per step; NaN: no accounting
     host: str = ""
     pid: int = 0
-    # Cores of the rank's host used by anything but the job's ranks (inf: its CPU quota held it back; NaN: not
-    # measured, the wait counts as it is).
+    # Cores of the rank's host used by anything but the job's ranks (NaN: not measured, the wait counts as it is).
     other_cores: float = math.nan
+    held: bool = False  # its CPU quota held it back: the wait counts whatever others used
+
+    @property
+    def gated(self) -> bool:
+        """Whether the gate could judge this window: the cores others used were measured, or the quota held it."""
+        return self.held or not math.isnan(self.other_cores)
 
     @property
     def cpu_wait_s(self) -> float:
         """The wait for a CPU that counts: none when only the job's own ranks used the host (``GATE``)."""
-        return 0.0 if self.other_cores < GATE else self.runq_s
+        return self.runq_s if self.held or not self.other_cores < GATE else 0.0
 
     @property
     def own_s(self) -> float:
@@ -139,7 +144,8 @@ class Episode:
 
 
 def _excess(mine: Window, others: list[Window]) -> dict[str, float]:
-    """This rank's excess time per step over the others' median: data wait, wait for a CPU, the rest of compute."""
+    """This rank's excess time per step over the others' median: data wait, wait for a CPU (as measured), the
+    rest of compute and of the data wait (net of that wait)."""
     excess = {
         "data": mine.wait_s - statistics.median(w.wait_s for w in others),
         "compute": mine.compute_s - statistics.median(w.compute_s for w in others),
@@ -163,15 +169,14 @@ def _dominant(excess: dict[str, float]) -> str:
     return name if total > 0 and top > DOMINANT * total else "unknown"
 
 
-def _wait_excess(mine: Window, others: list[Window]) -> float:
-    """This rank's wait for a CPU beyond the others' median, as a share of their own time; 0 unless every rank's
-    wait and the cores others used on its host were measured (without the gate, ranks sharing cores wait for
+def _wait_excess(excess: dict[str, float], windows: list[Window], others: list[Window]) -> float:
+    """This rank's wait for a CPU beyond the others' median (``_excess``'s, before netting), as a share of their
+    own time; 0 unless every rank's wait was measured and gated (without the gate, ranks sharing cores wait for
     one another in turn: 26 false alarms in the 170 clean runs of that replay)."""
-    everyone = [mine, *others]
-    if not all(math.isfinite(w.runq_s) and not math.isnan(w.other_cores) for w in everyone):
+    if "cpu_contention" not in excess or not all(w.gated for w in windows):
         return 0.0
     base = statistics.median(w.own_s for w in others)
-    return (mine.cpu_wait_s - statistics.median(w.cpu_wait_s for w in others)) / base if base > 0 else 0.0
+    return excess["cpu_contention"] / base if base > 0 else 0.0
 
 
 def _contended(excess: list[dict[str, float]], ratios: list[float], k: float) -> bool:
@@ -230,7 +235,7 @@ class StragglerDetector:
             base = statistics.median(w.own_s for w in others)
             ratios.append(mine.own_s / base if base > 0 and mine.own_s > 0 else 1.0)
             excess.append(_excess(mine, others))
-            waits.append(_wait_excess(mine, others))
+            waits.append(_wait_excess(excess[-1], windows, others))
         # Start-up windows are not scored but are noise to measure; a window with a slow rank is not, nor one in
         # which a rank is slower by its measured wait for a CPU: that is a cause (a neighbour's), and taken for
         # noise it would raise the threshold until it hid both itself and the next fault (beside a nice'd busy
@@ -476,7 +481,7 @@ class StragglerMonitor:
                     continue
                 rows = [own] + [v[1:] for v in theirs]
                 other = _other_cores([h for h, _ in self._ids], [(busy, mine) for *_, busy, mine in rows])
-                windows = [Window(step, c, w, q, *self._ids[r], other_cores=math.inf if held else other[r])
+                windows = [Window(step, c, w, q, *self._ids[r], other_cores=other[r], held=bool(held))
                            for r, (c, w, q, held, *_) in enumerate(rows)]
                 for ep in self.detector.update(windows):
                     logger.warning(ep.line())
