@@ -4,7 +4,10 @@ Planted causes (on the tests' small job): slow input (a shared slow disk), tiny 
 operator slow only at N processes (a sort that grows with the world size, ``tests/lab/planted_models.py``),
 and a clean job (one that scales: a small convolutional net whose exchange is a few percent of its step).
 Conditions: quiet; a CPU-bound process beside the job (``nice -n 10`` busy loop); a second copy of the same
-job running at the same time (a loop of the same doctor, so that it lasts as long as the measured one). Two more
+job running at the same time (a loop of the same doctor, so that it lasts as long as the measured one), held to
+the last core as every other load here is: its size is then fixed at one core. Unheld, its 2-process phases took
+both cores, and in one slow_op run of three (2026-11-27) the wait for a CPU it caused (67.5 ms a step, measured)
+outgrew the planted operator (63.0 ms): the doctor rightly named it first, a miss by this matrix's rule. Two more
 that the doctor was not fitted on: ``bursty``, a busy loop at normal priority pinned to the last core, busy
 0.3 s then idle 0.3 s (load that comes and goes within one run); ``membw``, a loop copying 64 MB arrays pinned
 to the last core (it takes memory bandwidth from every core, and CPU from one).
@@ -95,7 +98,7 @@ def background(condition: str, cause: str, tmp: Path) -> subprocess.Popen | None
     elif condition == "membw":
         cmd = [*last_core, sys.executable, "-c", MEMBW]
     elif condition == "twin":  # the same job, run by a second doctor, again and again until the cell's run ends
-        cmd = ["sh", "-c", 'while :; do "$@"; done', "twin", *command(cause, tmp / "twin", repeat=4)]
+        cmd = [*last_core, "sh", "-c", 'while :; do "$@"; done', "twin", *command(cause, tmp / "twin", repeat=4)]
     else:
         return None
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
