@@ -44,6 +44,7 @@ from typing import Any
 from ..config import PHASES
 from .bottleneck import bottleneck, outside_load
 from .invariants import explain_rest, violations, widen_to_point
+from .neighbours import describe
 from .stats import critical_data_wait, job_step_time, max_rank_gap, median, median_se, rank_gap_se
 from .suggest import suggest
 
@@ -494,7 +495,7 @@ def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, bas
         taken[name] = [max(0.0, v) * s for v, s in zip(by[name]["per_repeat_s"], stretch)]
     total = [sum(parts) for parts in zip(*taken.values())]
     value = statistics.median(total) if total else 0.0
-    who = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in ext.get("top", [])[:3])
+    who = ", ".join(describe(p) for p in ext.get("top", [])[:3])
     split = ", ".join(f"{statistics.median(v) * 1e3:.2f} ms of {k.replace('_', ' ')}" for k, v in taken.items())
     evidence = (f"outside the job, {used:.2f} of this machine's {cores} cores were busy while it ran: {who}; the job "
                 f"needs {need_n} at {n} processes ({need_1} at 1), so time-sharing stretches its compute at {n} up to "
@@ -611,7 +612,7 @@ def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:
 
 def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[float]) -> str:
     w = _who(ctx, n)
-    by = ", ".join(f"{p['name']} (pid {p['pid']}, {p['cores']:.2f} cores)" for p in w["outside"])
+    by = ", ".join(describe(p) for p in w["outside"])
     own = (f"the job runs {w['job_threads']} compute threads ({n} processes x (intra-op threads + loader workers)) "
            f"on {w['cores']} cores")
     return (f"the most descheduled rank's threads waited for a core {median(rn) * 1e3:.2f} ms/step at {n} "
@@ -623,7 +624,7 @@ def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[
 def _contention_advice(ctx: dict[str, Any], n: int) -> tuple[str, dict[str, str]]:
     w = _who(ctx, n)
     if w["outside"]:
-        names = ", ".join(f"{p['name']} (pid {p['pid']})" for p in w["outside"][:3])
+        names = ", ".join(describe(p, cores=False) for p in w["outside"][:3])
         return (f"move {names} off the cores the job uses, or pin the job's processes to cores of their own "
                 "(taskset -c / numactl --physcpubind)", {})
     if w["oversubscribed"]:

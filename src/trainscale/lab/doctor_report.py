@@ -16,6 +16,7 @@ from rich.table import Table
 from ..reporting import figure, save, write_reports
 from ..reporting.console import console
 from .analysis import CONFIGS
+from .neighbours import describe
 from .ranks import plot_ranks
 from .stats import median
 
@@ -92,7 +93,7 @@ def _superlinear(res: dict[str, Any]) -> str:
 
 
 def _external_text(ext: dict[str, Any]) -> str:
-    top = ", ".join(f"{p['name']} (pid {p['pid']}) {p['cores']:.2f}" for p in ext.get("top", [])[:4]) or "none"
+    top = ", ".join(describe(p) for p in ext.get("top", [])[:4]) or "none"
     gpu = f"; other processes on the GPUs: {ext['gpu_users']}" if ext.get("gpu_users") else ""
     return (f"Outside the job, while its runs went: {ext['cores']:.2f} of {ext['machine_cores']} cores busy "
             f"(top: {top}){gpu}.")
