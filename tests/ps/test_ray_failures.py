@@ -84,4 +84,6 @@ def test_downpour_survives_a_killed_learner_and_a_killed_shard(ray_local, ps_act
     s = run_ps(cfg, actors=ps_actors, on_update=on_update)
     assert s["learner_restarts"] >= 1 and s["shard_restarts"] == 1
     assert s["updates"] > state["shard"] + 20
-    assert s["updates_lost"] >= 1
+    # The loss counted is a lower bound: the shard's last polled version less its snapshot. When that poll fell on a
+    # snapshot version it is 0 (seen beside a CPU hog, 2026-11-28); it never exceeds one snapshot interval.
+    assert 0 <= s["updates_lost"] <= 20, s["updates_lost"]
