@@ -605,7 +605,7 @@ def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:
     threads, workers = int(ctx.get("threads") or 1), int(ctx.get("workers") or 0)
     cores = ext.get("machine_cores") or ctx.get("cores") or 0
     demand = n * (threads + workers)
-    return {"outside": [p for p in ext.get("top", [])[:5] if p.get("cores", 0) >= 0.05],
+    return {"outside": ext.get("top", [])[:5],  # the load monitor lists only processes over its min_cores
             "outside_cores": ext.get("cores") or 0.0, "job_threads": demand, "cores": cores,
             "oversubscribed": bool(cores and demand > cores)}
 

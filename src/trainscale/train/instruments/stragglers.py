@@ -169,13 +169,12 @@ def _dominant(excess: dict[str, float]) -> str:
     return name if total > 0 and top > DOMINANT * total else "unknown"
 
 
-def _wait_excess(excess: dict[str, float], windows: list[Window], others: list[Window]) -> float:
+def _wait_excess(excess: dict[str, float], windows: list[Window], base: float) -> float:
     """This rank's wait for a CPU beyond the others' median (``_excess``'s, before netting), as a share of their
-    own time; 0 unless every rank's wait was measured and gated (without the gate, ranks sharing cores wait for
-    one another in turn: 26 false alarms in the 170 clean runs of that replay)."""
+    median own time ``base``; 0 unless every rank's wait was measured and gated (without the gate, ranks sharing
+    cores wait for one another in turn: 26 false alarms in the 170 clean runs of that replay)."""
     if "cpu_contention" not in excess or not all(w.gated for w in windows):
         return 0.0
-    base = statistics.median(w.own_s for w in others)
     return excess["cpu_contention"] / base if base > 0 else 0.0
 
 
@@ -235,7 +234,7 @@ class StragglerDetector:
             base = statistics.median(w.own_s for w in others)
             ratios.append(mine.own_s / base if base > 0 and mine.own_s > 0 else 1.0)
             excess.append(_excess(mine, others))
-            waits.append(_wait_excess(excess[-1], windows, others))
+            waits.append(_wait_excess(excess[-1], windows, base))
         # Start-up windows are not scored but are noise to measure; a window with a slow rank is not, nor one in
         # which a rank is slower by its measured wait for a CPU: that is a cause (a neighbour's), and taken for
         # noise it would raise the threshold until it hid both itself and the next fault (beside a nice'd busy
