@@ -29,7 +29,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from trainscale.sim.published import fsdp_times  # noqa: E402
+from trainscale.costs.published import fsdp_times  # noqa: E402
 
 POINT_ID = "torchtitan-llama3.1-8b-fsdp-128"
 PUBLISHED_TPS_8 = 5762.0  # Table 1, row fsdp: tokens/s per GPU on 8 H100

@@ -6,7 +6,7 @@ Output contract: the last stdout line is one json object.
 --us microseconds per sample, backward twice that: device time emulated, so the 2 cores do not
 dominate), batch 32, GPipe and 1F1B. The measured bubble is each stage's idle share of the
 schedule's wall time (1 - its compute / step), averaged over the stages; the theory is
-(S - 1) / (M + S - 1) from ``trainscale.sim.step.pipeline_bubble``. Writes a table (markdown), the
+(S - 1) / (M + S - 1) from ``trainscale.costs.step.pipeline_bubble``. Writes a table (markdown), the
 numbers (JSON) and a plot into --out.
 Run: python benchmarks/pipeline_bubble.py [--us 8000 --out benchmarks/results/raw/pipeline]
 """

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import psutil
 
+from trainscale.costs.forecast import Point, StrategySpec, forecast
 from trainscale.jobs import RunSpec, run_train
 from trainscale.lab.neighbours import LoadMonitor
 from trainscale.lab.stats import job_step_time
 from trainscale.sim.calibrate import calibrate
 from trainscale.sim.calibration import Calibration
-from trainscale.sim.forecast import Point, Strategy, forecast
 
 JOBS = {
     "mlp-digits": ["--model", "mlp", "--data", "digits", "--steps", "400"],
@@ -40,9 +40,9 @@ JOBS = {
 NPROC = [2, 3, 4]
 
 
-def _strategy(args: list[str]) -> Strategy:
+def _strategy(args: list[str]) -> StrategySpec:
     bucket = float(args[args.index("--strategy.bucket_mb") + 1]) if "--strategy.bucket_mb" in args else 25.0
-    return Strategy(bucket_mb=bucket)
+    return StrategySpec(bucket_mb=bucket)
 
 
 def _say(msg: str) -> None:

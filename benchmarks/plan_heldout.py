@@ -1,7 +1,7 @@
 """``trainscale plan`` against published scaling tables, forecast from one-device figures and datasheets only.
 
 Reads the frozen table ``tests/sim/heldout_scaling.json`` (sources, figures, assumptions), forecasts every point
-with ``trainscale.sim.published`` and prints each point's published efficiency, the forecast and the error
+with ``trainscale.costs.published`` and prints each point's published efficiency, the forecast and the error
 (forecast - published, in efficiency points: every point of the table publishes an efficiency or a throughput
 ratio at the same per-device work, which is one). ``--fit`` refits the framework overhead on the calibration
 points only and says whether ``sim/catalog.json`` holds that fit. ``--plot`` draws forecast against published.
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainscale.sim.hardware import catalog
-from trainscale.sim.published import Row, evaluate, fit_constants
+from trainscale.costs.hardware import catalog
+from trainscale.costs.published import Row, evaluate, fit_constants
 
 TABLE = Path(__file__).resolve().parents[1] / "tests" / "sim" / "heldout_scaling.json"
 

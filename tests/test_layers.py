@@ -12,27 +12,29 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "trainscale"
-BASE = {"about", "log", "signals", "__version__"}
+BASE = {"about", "errors", "log", "signals", "__version__"}
 
 # layer -> what it may import (a layer name, or one module of a layer: "sim.collectives").
 ALLOWED: dict[str, set[str]] = {
-    "about": set(), "log": set(), "signals": set(),
+    "about": set(), "errors": set(), "log": set(), "signals": set(),
     "config": set(),
     "reporting": set(),
     "distributed": {"config"},
     "models": {"config"},
     "data": {"config", "distributed", "models"},  # models: import_callable for `module:function` datasets
-    # The strategies' meters and the pipeline's bubble use the planner's pure cost formulas (no torch there).
-    "strategies": {"config", "distributed", "sim.collectives", "sim.step"},
-    # The run's MFU reads the planner's GPU catalogue (one table of peaks, shared; no torch there).
-    "train": {"config", "distributed", "models", "data", "strategies", "reporting", "sim.hardware"},
+    # The pure cost models: every bytes/time formula, the hardware catalogue, forecasts (no torch, no jobs).
+    "costs": set(),
+    # The strategies' meters and the pipeline's bubble use the pure cost formulas.
+    "strategies": {"config", "distributed", "costs"},
+    # The run's MFU reads the GPU catalogue (one table of peaks, shared).
+    "train": {"config", "distributed", "models", "data", "strategies", "reporting", "costs"},
     "jobs": {"config", "distributed", "train.cli", "train.summary", "reporting"},
     # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do.
-    "sim": {"config", "jobs", "nodes", "reporting", "models", "data"},
-    "ps": {"config", "models", "data", "sim", "reporting", "jobs"},
+    "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data"},
+    "ps": {"config", "models", "data", "costs", "reporting", "jobs"},
     # The lab on several nodes: node 0 announces each run through jobs' launch hook; the others follow.
     "nodes": {"config", "distributed", "jobs", "reporting"},
-    "lab": {"config", "jobs", "nodes", "reporting", "sim"},
+    "lab": {"config", "jobs", "nodes", "reporting", "costs", "sim"},
     "ray": {"config", "train.run"},  # Ray Train's launcher of the run API: TRAINSCALE_ARGS is the run's channel
     "cli": {"*"},
     "__init__": {"config", "train"},
@@ -82,13 +84,13 @@ def test_every_import_follows_the_layer_table():
 
 
 @pytest.mark.parametrize("line", ["from ..lab.report import figure", "    from ..lab import doctor"])
-def test_a_lab_import_in_sim_is_caught(tmp_path, line):
+def test_a_lab_import_in_costs_is_caught(tmp_path, line):
     # The same tree with one leak added: the check must name it.
     import shutil
     copy = tmp_path / "trainscale"
     shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / "sim" / "forecast.py"
+    target = copy / "costs" / "forecast.py"
     body = f"def _leak():\n    {line.strip()}\n" if line.startswith(" ") else line + "\n"
     target.write_text(target.read_text() + "\n" + body)
     found = violations(copy)
-    assert len(found) == 1 and found[0].startswith("sim/forecast.py:") and "sim -> lab" in found[0]
+    assert len(found) == 1 and found[0].startswith("costs/forecast.py:") and "costs -> lab" in found[0]

@@ -1,8 +1,7 @@
 """trainscale: scale PyTorch training across devices and machines, and measure why it does not scale."""
 
-__version__ = "0.1.0"
-
-from .config import Config, ConfigError, load_config  # noqa: E402
+from .about import __version__
+from .config import Config, ConfigError, load_config
 
 __all__ = ["__version__", "Config", "ConfigError", "load_config", "init", "Run", "Trainer", "prepare"]
 

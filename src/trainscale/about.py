@@ -22,6 +22,8 @@ from typing import Any
 __all__ = ["versions", "machine", "main", "available_cores"]
 
 # Variables that change how NCCL, Gloo, CUDA and the thread pools behave: what a bug report needs.
+__version__ = "0.1.0"  # the one place the version is written; the package and pyproject read it
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "MKL_", "TRAINSCALE_")
 
 
@@ -33,8 +35,6 @@ def available_cores() -> int:
 def versions() -> dict[str, str | None]:
     """trainscale, torch, Python, and CUDA / cuDNN / NCCL when torch was built with them (else null)."""
     import torch
-
-    from . import __version__
 
     cuda = torch.version.cuda
     nccl = None

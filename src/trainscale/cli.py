@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name in ("-V", "--version"):
-        from . import __version__
+        from .about import __version__
         print(f"trainscale {__version__}")
         return 0
     if name not in SUBCOMMANDS:

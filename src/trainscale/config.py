@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from .errors import ConfigError
+
 __all__ = [
     "ConfigError",
     "JobConfig",
@@ -39,14 +41,6 @@ __all__ = [
     "describe_fields",
     "field_options",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; its message is one line meant for the user."""
-
-    def __init__(self, key: str, value: Any, accepted: str):
-        self.key, self.value, self.accepted = key, value, accepted
-        super().__init__(f"{key} = {value!r}: {accepted}")
 
 
 def _f(default: Any, doc: str, **kw: Any) -> Any:

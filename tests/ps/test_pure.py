@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from trainscale.config import ConfigError, load_config
+from trainscale.costs.collectives import ring_bytes_per_worker, ring_bytes_total
+from trainscale.costs.order_stats import harmonic, order_statistic_exp, predicted_update_time, sync_async_ratio
 from trainscale.ps.delays import delay_rng, parse_delay
 from trainscale.ps.lr_rules import coefficients
 from trainscale.ps.sharding import balance
 from trainscale.ps.stream import BatchStream
-from trainscale.sim.collectives import ring_bytes_per_worker, ring_bytes_total
-from trainscale.sim.order_stats import harmonic, order_statistic_exp, predicted_update_time, sync_async_ratio
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainscale.sim.collectives import (
+from trainscale.costs.collectives import (
     AlphaBeta,
     bus_bandwidth,
     hierarchical_time,
@@ -17,8 +17,8 @@ from trainscale.sim.collectives import (
     ring_time,
     tree_time,
 )
-from trainscale.sim.order_stats import expected_max_normal, predicted_update_time, sigma_from_spread, straggler_wait
-from trainscale.sim.step import exposed_comm, make_buckets, pipeline_bubble, ready_at
+from trainscale.costs.order_stats import expected_max_normal, predicted_update_time, sigma_from_spread, straggler_wait
+from trainscale.costs.step import exposed_comm, make_buckets, pipeline_bubble, ready_at
 
 
 def test_ring_and_ps_bytes_seed002():
@@ -91,14 +91,14 @@ def test_buckets_and_overlap():
 
 
 def test_cost_models_import_without_torch():
-    code = ("import sys, trainscale.sim.forecast, trainscale.sim.topology, trainscale.sim.calibration; "
+    code = ("import sys, trainscale.costs.forecast, trainscale.costs.topology, trainscale.sim.calibration; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_host_processor_sharing():
-    from trainscale.sim.host import outside_threads, share_per_thread, shared_step_s, slowdown_at, thread_slowdown
+    from trainscale.costs.host import outside_threads, share_per_thread, shared_step_s, slowdown_at, thread_slowdown
 
     share = share_per_thread(cpu_s=0.25, wall_s=0.5, threads=1)
     assert share == pytest.approx(0.5) and thread_slowdown(share) == pytest.approx(2.0)

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from trainscale.config import ConfigError
+from trainscale.costs.collectives import AlphaBeta
+from trainscale.costs.forecast import ClusterSpec, Job, StrategySpec, forecast
+from trainscale.costs.hardware import gpu, link
 from trainscale.sim.calibration import Calibration, fit_alpha_beta
-from trainscale.sim.collectives import AlphaBeta
-from trainscale.sim.forecast import Cluster, Job, Strategy, forecast
-from trainscale.sim.hardware import gpu, link
 
 
 def test_fit_alpha_beta_exact():
@@ -22,8 +22,8 @@ def test_fit_alpha_beta_exact():
 def test_no_overlap_step_is_compute_plus_allreduce():
     # one bucket of 4 MB, all-reduce measured as 1 ms + 1 ns/B at P=2, compute 100 ms, no noise
     job = Job("j", params=1_000_000, batch_size=10, step_s=0.1, compute_s=0.1, tensor_bytes=[4e6])
-    cluster = Cluster(gpus_per_node=2, fitted={2: AlphaBeta(1e-3, 1e-9)})
-    p = forecast(job, cluster, Strategy(bucket_mb=25, overlap=False), [2])[0]
+    cluster = ClusterSpec(gpus_per_node=2, fitted={2: AlphaBeta(1e-3, 1e-9)})
+    p = forecast(job, cluster, StrategySpec(bucket_mb=25, overlap=False), [2])[0]
     assert p.comm_exposed_s == pytest.approx(1e-3 + 4e-3)
     assert p.step_time_s == pytest.approx(0.105)
     assert p.speedup == pytest.approx(2 * 0.1 / 0.105)
@@ -34,9 +34,9 @@ def test_cpu_host_step_is_cpu_demand_at_the_sharing_slowdown():
     # 1-process step: 0.1 s compute + 0.1 s loop, 0.2 CPU s, measured on a free core. At P=4 the probe saw each
     # rank get half a core (slow-down 2); Gloo costs 1 ms of CPU and 1 ms of wall per all-reduce.
     job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0], cpu_s=0.2)
-    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
+    cluster = ClusterSpec(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
                       comm_cpu={4: AlphaBeta(1e-3, 0.0)})
-    p = forecast(job, cluster, Strategy(), [4])[0]
+    p = forecast(job, cluster, StrategySpec(), [4])[0]
     # critical path 0.2 x 2 + 1 ms exposed = 0.401 s; CPU demand (0.2 + 0.001) x 2 = 0.402 s wins
     assert p.step_time_s == pytest.approx(0.402)
     assert p.compute_s == pytest.approx(0.4) and p.comm_exposed_s == pytest.approx(0.002)
@@ -44,27 +44,27 @@ def test_cpu_host_step_is_cpu_demand_at_the_sharing_slowdown():
     # the same step measured at half a core already (core_share 0.5): compute is not slowed twice
     loaded = Job("j", params=10, batch_size=1, step_s=0.4, compute_s=0.2, tensor_bytes=[40.0], cpu_s=0.2,
                  core_share=0.5)
-    assert forecast(loaded, cluster, Strategy(), [4])[0].step_time_s == pytest.approx(0.402)
+    assert forecast(loaded, cluster, StrategySpec(), [4])[0].step_time_s == pytest.approx(0.402)
     # no probe at P=4: processor sharing of 4 threads on 2 cores, nobody else (slow-down 2 again)
     cluster.share = {}
-    assert forecast(job, cluster, Strategy(), [4])[0].step_time_s == pytest.approx(0.402)
+    assert forecast(job, cluster, StrategySpec(), [4])[0].step_time_s == pytest.approx(0.402)
 
 
 def test_a_measured_skeleton_anchors_the_calibrated_strategy_and_scales_the_others():
     # Same host as above (model: 0.402 s at P=4 with 25 MB buckets). The job's skeleton measured 0.5 s there:
     # the forecast of that strategy is the measurement, another strategy keeps the model's ratio to it.
     job = Job("j", params=10, batch_size=1, step_s=0.2, compute_s=0.1, tensor_bytes=[40.0] * 4, cpu_s=0.2)
-    cluster = Cluster(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
+    cluster = ClusterSpec(gpus_per_node=4, device="cpu", cores=2, share={4: 0.5}, fitted={4: AlphaBeta(1e-3, 0.0)},
                       comm_cpu={4: AlphaBeta(1e-3, 0.0)})
-    model_same, model_other = (forecast(job, cluster, Strategy(bucket_mb=b), [4])[0] for b in (25, 0))
+    model_same, model_other = (forecast(job, cluster, StrategySpec(bucket_mb=b), [4])[0] for b in (25, 0))
     cluster.replay = {4: {"step_s": 0.5, "bucket_mb": 25, "overlap": True}}
-    same, other = (forecast(job, cluster, Strategy(bucket_mb=b), [4])[0] for b in (25, 0))
+    same, other = (forecast(job, cluster, StrategySpec(bucket_mb=b), [4])[0] for b in (25, 0))
     assert same.step_time_s == pytest.approx(0.5) and same.model_step_s == pytest.approx(model_same.step_time_s)
     assert same.samples_per_s == pytest.approx(4 * 1 / 0.5)  # 4 ranks x batch 1 per 0.5 s
     assert other.step_time_s == pytest.approx(0.5 * model_other.step_time_s / model_same.step_time_s)
     assert other.step_time_s > same.step_time_s  # one all-reduce per tensor costs more CPU than one bucket
     # a world size without a skeleton stays the model's
-    assert forecast(job, cluster, Strategy(), [2])[0].model_step_s == 0.0
+    assert forecast(job, cluster, StrategySpec(), [2])[0].model_step_s == 0.0
 
 
 def test_skeleton_splits_the_measured_cpu_and_readies_buckets_in_backward_order():
@@ -112,24 +112,24 @@ def test_calibration_from_another_job(tmp_path):
 
 def test_horovod_setting_within_ten_points():
     """The published Horovod benchmark (benchmarks/results/2026-11-23-plan-published-checks.md lists every assumption)."""
-    from trainscale.sim.hardware import known_model
-    from trainscale.sim.step import profile_tensors
+    from trainscale.costs.hardware import known_model
+    from trainscale.costs.step import profile_tensors
 
-    cluster = Cluster.from_catalog("P100", 4, "pcie3", "25gbe")
+    cluster = ClusterSpec.from_catalog("P100", 4, "pcie3", "25gbe")
     for name, ips, batch, published in (("inception_v3", 142, 64, 0.90), ("resnet101", 140, 64, 0.90),
                                         ("vgg16", 154, 64, 0.68)):
         m = known_model(name)
         tb, costs = profile_tensors(m["params"] * 4.0, m["tail_params"], m["tail_compute"])
         job = Job(name, m["params"], batch, batch / ips, batch / ips, tensor_bytes=tb, tensor_costs=costs)
-        p = forecast(job, cluster, Strategy(bucket_mb=64), [512])[0]
+        p = forecast(job, cluster, StrategySpec(bucket_mb=64), [512])[0]
         assert abs(p.efficiency - published) <= 0.10, (name, p.efficiency)
 
 
 def test_fsdp_forecast_sends_one_and_a_half_all_reduces_and_hides_them_behind_compute():
     # 8 equal units of 100 MB of fp32 parameters; all-gathers and reduce-scatters on one 10 GB/s-class link.
-    cluster = Cluster.from_catalog("H100", 8, "nvlink4", "100gbe")
+    cluster = ClusterSpec.from_catalog("H100", 8, "nvlink4", "100gbe")
     job = Job("j", params=200_000_000, batch_size=8, step_s=0.5, compute_s=0.5, tensor_bytes=[1e8] * 8)
-    ddp, fsdp = (forecast(job, cluster, Strategy(fsdp_units=u), [1, 16]) for u in (0, 8))
+    ddp, fsdp = (forecast(job, cluster, StrategySpec(fsdp_units=u), [1, 16]) for u in (0, 8))
     assert fsdp[0].step_time_s == pytest.approx(ddp[0].step_time_s)  # one device: nothing to gather
     # Two gathers and one reduce-scatter per unit (fp32): 1.5 all-reduces of the whole model.
     allreduce = cluster.allreduce_s(8e8, 16)
@@ -196,12 +196,12 @@ def test_a_calibration_across_nodes_forecasts_hierarchical_from_its_own_measurem
     assert c.comm_cpu_s(n, 4, hierarchical=True) == pytest.approx(3e-3 + 2e-9 * n)
     # 4 nodes: only the inter-node part changes, by the link's all-reduce from 2 to 4 nodes (ring shape).
     link = c.allreduce_s(n, 8, hierarchical=True) - c.allreduce_s(n, 4, hierarchical=True)
-    parts = Cluster(gpus_per_node=2, fitted=c.fitted, across=c.across, nodes_fitted=2)
+    parts = ClusterSpec(gpus_per_node=2, fitted=c.fitted, across=c.across, nodes_fitted=2)
     assert link == pytest.approx(parts.allreduce_s(n, 8, hierarchical=True) - parts.allreduce_s(n, 4, hierarchical=True))
     assert link > 0
     # The plan at 2 x 2 is each skeleton as measured, flat and hierarchical.
     job = cal.base_job(1)
-    flat, hierarchical = (forecast(job, c, Strategy(hierarchical=h), [4])[0] for h in (False, True))
+    flat, hierarchical = (forecast(job, c, StrategySpec(hierarchical=h), [4])[0] for h in (False, True))
     assert (flat.step_time_s, hierarchical.step_time_s) == (pytest.approx(0.03), pytest.approx(0.045))
     from trainscale.sim.cli import main
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainscale.sim.fsdp import FsdpUnit, fsdp_step
-from trainscale.sim.hardware import catalog
-from trainscale.sim.published import evaluate, fit_constants
+from trainscale.costs.fsdp import FsdpUnit, fsdp_step
+from trainscale.costs.hardware import catalog
+from trainscale.costs.published import evaluate, fit_constants
 
 TABLE = json.loads((Path(__file__).parent / "heldout_scaling.json").read_text())
 POINTS = TABLE["points"]

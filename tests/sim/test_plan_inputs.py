@@ -56,7 +56,7 @@ def test_goyal_setting_runs_and_sits_near_the_published_90_percent(tmp_path):
 
 
 def test_framework_overhead_fitted_and_a_gpu_by_datasheet(tmp_path):
-    from trainscale.sim.overhead import fitted_overhead
+    from trainscale.costs.overhead import fitted_overhead
 
     args = ["plan", "--params", "8.03B", "--gpu", "name=H200,bf16=989T,mem=4.8TB/s", "--precision", "bf16",
             "--samples-per-s-1", "2.6", "--batch-size", "2", "--nodes", "1,4", "--intra", "nvlink4", "--inter",

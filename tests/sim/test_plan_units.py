@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainscale.config import ConfigError
-from trainscale.sim.hardware import gpu, link
-from trainscale.sim.units import parse_count, parse_gpu_spec, parse_rate
+from trainscale.costs.hardware import gpu, link
+from trainscale.costs.units import parse_count, parse_gpu_spec, parse_rate
 
 
 @pytest.mark.parametrize("text", ["25600000", "25_600_000", "25.6e6", "25.6M", "25600k", "0.0256G", " 25.6M "])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainscale.config import ConfigError
-from trainscale.sim.topology import parse_topo
+from trainscale.costs.topology import parse_topo
 
 SEED000 = (Path(__file__).parent / "seed000_topo.txt").read_text()
 

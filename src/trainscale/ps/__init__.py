@@ -5,7 +5,7 @@ order-statistics predictions are plain Python and import neither Ray nor torch's
 :func:`run_ps` (in :mod:`.job`) needs a running Ray.
 """
 
-from ..sim.order_stats import order_statistic_exp, predicted_update_time, sync_async_ratio
+from ..costs.order_stats import order_statistic_exp, predicted_update_time, sync_async_ratio
 from .delays import Delay, parse_delay
 from .lr_rules import coefficients
 from .policies import COORDINATED_MODES, MODES, Apply, Cancel, Launch, Policy, resolve_k

@@ -1,7 +1,7 @@
 """``trainscale ps experiment runtime|convergence``: the parameter-server modes' runtime and convergence claims (Dutta et al. 2018), measured on this machine.
 
 * runtime: mean time per update of each mode under exponential delays, against the order-statistics
-  predictions of :mod:`trainscale.sim.order_stats`, for several P; the sync/async ratio against P * H_P; and the bytes per
+  predictions of :mod:`trainscale.costs.order_stats`, for several P; the sync/async ratio against P * H_P; and the bytes per
   update through the server against a ring all-reduce of the same gradients.
 * convergence: eval error on digits against wall-clock and against updates for sync, k-sync, async and
   k-async, the asynchronous ones with and without the staleness rule.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, load_config
+from ..costs.order_stats import predicted_update_time
 from ..log import logger, setup_logging
-from ..sim.order_stats import predicted_update_time
 
 __all__ = ["main", "runtime_experiment", "convergence_experiment"]
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..costs.collectives import ps_bytes_at_server, ring_bytes_per_worker, ring_bytes_total
+from ..costs.order_stats import sync_async_ratio
 from ..reporting import Block, Interval, figure, mean_interval, save, write_json, write_reports
-from ..sim.collectives import ps_bytes_at_server, ring_bytes_per_worker, ring_bytes_total
-from ..sim.order_stats import sync_async_ratio
 
 __all__ = ["runtime_cells", "ratio_cells", "convergence_cells", "staleness_rule_effect", "floor_error", "time_to",
            "write_runtime", "write_convergence"]

@@ -7,8 +7,8 @@ Example::
 
 from __future__ import annotations
 
+from ..costs.forecast import StrategySpec, forecast
 from .calibration import Calibration, job_key
-from .forecast import Strategy, forecast
 
 __all__ = ["forecast_steps"]
 
@@ -22,6 +22,6 @@ def forecast_steps(path: str, train_args: list[str], worlds: list[int]) -> dict[
     cal = Calibration.load(path)
     cal.check_job(job_key(config_to_dict(cfg)), path)
     bucket = cfg.strategy.bucket_mb if cfg.strategy.bucket_mb != "auto" else 25.0
-    strategy = Strategy(bucket_mb=float(bucket), overlap=cfg.strategy.overlap)
+    strategy = StrategySpec(bucket_mb=float(bucket), overlap=cfg.strategy.overlap)
     points = forecast(cal.base_job(cal.cores), cal.cluster(max(worlds)), strategy, worlds)
     return {p.world_size: p.step_time_s for p in points}

@@ -79,7 +79,7 @@ def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float 
     (``compute_s`` of ``step_s``) and the rest (optimizer, loop), which runs after the exchange. ``inflation``
     scales that CPU (the measured factor of :func:`_inflation`; 1: the 1-process CPU as it is).
     """
-    from .step import make_buckets, ready_at
+    from ..costs.step import make_buckets, ready_at
 
     per_thread = single["cpu_s"] * inflation / max(1, int(single["threads"]))
     fb = min(1.0, single["compute_s"] / single["step_s"]) if single["step_s"] > 0 else 1.0

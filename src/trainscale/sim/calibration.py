@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
-from .collectives import AlphaBeta
-from .forecast import Cluster, Job
-from .host import outside_threads, share_per_thread
+from ..costs.collectives import AlphaBeta
+from ..costs.forecast import ClusterSpec, Job
+from ..costs.host import outside_threads, share_per_thread
 
 __all__ = ["Calibration", "fit_alpha_beta", "job_key", "SCHEMA"]
 
@@ -129,7 +129,7 @@ class Calibration:
                    buffer_bytes=self.buffer_bytes, cpu_s=s.get("cpu_s", 0.0), threads=t,
                    core_share=share_per_thread(s.get("cpu_s", 0.0), s.get("mean_step_s", s["step_s"]), t))
 
-    def cluster(self, nproc_max: int = 1) -> Cluster:
+    def cluster(self, nproc_max: int = 1) -> ClusterSpec:
         """This machine as a cluster: all-reduce time and CPU fits, core shares and per-thread-count jobs."""
         fitted = _fits(self.allreduce)
         single = {int(t): self.base_job(int(t)) for t in self.single}
@@ -138,7 +138,7 @@ class Calibration:
         one = single[min(single)]
         # Several nodes: a node holds the most processes per node calibrated across them (replay is per world).
         per_node = max(int(p) for p in self.across) if self.across else max([nproc_max, *fitted, 1])
-        return Cluster(gpus_per_node=per_node, device="cpu", fitted=fitted, comm_cpu=_fits(self.allreduce, cpu=True),
+        return ClusterSpec(gpus_per_node=per_node, device="cpu", fitted=fitted, comm_cpu=_fits(self.allreduce, cpu=True),
                        share={int(p): float(v) for p, v in self.share.items()}, single=single, cores=self.cores,
                        replay={int(p): v for p, v in self.replay.items()},
                        outside=outside_threads(one.core_share, one.threads, self.cores),

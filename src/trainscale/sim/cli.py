@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _numbers(a: argparse.Namespace) -> None:
     """Counts and rates as users write them (``25.6e6``, ``25_600_000``, ``25.6M``), checked before anything runs."""
-    from .units import parse_count, parse_number
+    from ..costs.units import parse_count, parse_number
 
     a.gpus_per_node = parse_count(a.gpus_per_node, "--gpus-per-node")
     if a.params is not None:
@@ -139,7 +139,7 @@ def _numbers(a: argparse.Namespace) -> None:
 
 def _strategy(a: argparse.Namespace) -> Any:
     """The strategy to forecast, from the ``strategy`` options."""
-    from .forecast import Strategy
+    from ..costs.forecast import StrategySpec
 
     if a.bucket_mb < 0:
         raise ConfigError("--bucket-mb", a.bucket_mb, "must be >= 0 (0: one all-reduce per tensor)")
@@ -152,7 +152,7 @@ def _strategy(a: argparse.Namespace) -> Any:
         clash = [k for k, on in others.items() if on]
         if clash:
             raise ConfigError("--fsdp-units", a.fsdp_units, f"FSDP is forecast on its own, not with {', '.join(clash)}")
-    return Strategy(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
+    return StrategySpec(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
                     a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units)
 
 
@@ -190,13 +190,13 @@ def _measured(text: str | None) -> dict[int, float]:
 
 def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]) -> Any:
     """The 1-device job on the target GPU: measured throughput, or FLOPs / (peak x mfu)."""
-    from .forecast import Job
-    from .hardware import gpu, known_model
-    from .step import profile_tensors
+    from ..costs.forecast import Job
+    from ..costs.hardware import gpu, known_model
+    from ..costs.step import profile_tensors
 
     entry = known_model(a.model) if a.model else None
     if a.model and entry is None and cal is None and a.params is None:
-        from .hardware import catalog
+        from ..costs.hardware import catalog
 
         raise ConfigError("--model", a.model, "not in the catalogue; one of " + ", ".join(catalog()["models"]) +
                           ", or give --params N (or a --calibration of it)")
@@ -231,7 +231,7 @@ def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any])
 
 def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any, assumptions: dict[str, Any]) -> list[Any]:
     """The points with ``--framework-overhead`` added (a catalogue forecast only: a calibration measures it)."""
-    from .overhead import fitted_overhead, precision_class, with_overhead
+    from ..costs.overhead import fitted_overhead, precision_class, with_overhead
 
     kappa = fitted_overhead(a.precision) if a.framework_overhead == "fitted" else float(a.framework_overhead)
     if kappa:
@@ -243,7 +243,7 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
 
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
     """Rank strategies per world size by samples/s."""
-    from .forecast import forecast
+    from ..costs.forecast import forecast
 
     cands = [replace(base, bucket_mb=b) for b in (0, 1, 4, 25, 64)]
     cands += [replace(base, hierarchical=True), replace(base, compression="fp16"), replace(base, compression="bf16"),
@@ -352,7 +352,7 @@ def _calibration(a: argparse.Namespace, rest: list[str]) -> Any:
             from .calibration import job_key
 
             cal.check_job(job_key(config_to_dict(check_train_args(rest))), a.calibration)
-        from .hardware import known_model
+        from ..costs.hardware import known_model
 
         if a.model and known_model(a.model) is None:  # --model names a train model: it must be the calibrated one
             cal.check_job({"model.name": a.model}, a.calibration)
@@ -369,9 +369,9 @@ def _calibration(a: argparse.Namespace, rest: list[str]) -> Any:
 
 def _catalog_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]) -> _Target:
     """A cluster of ``--gpu`` from the catalogue (links, topology) and the job's step on that GPU."""
-    from .forecast import Cluster
-    from .hardware import gpu
-    from .topology import parse_topo
+    from ..costs.forecast import ClusterSpec
+    from ..costs.hardware import gpu
+    from ..costs.topology import parse_topo
 
     gpu(a.gpu)  # an unknown GPU fails before anything is computed
     topo = None
@@ -379,7 +379,7 @@ def _catalog_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
         if not Path(a.topo).is_file():
             raise ConfigError("--topo", a.topo, "no such file (save `nvidia-smi topo -m` output to it)")
         topo = parse_topo(Path(a.topo).read_text(), a.topo)
-    cluster = Cluster.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
+    cluster = ClusterSpec.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
     worlds = _worlds(a)
     job = _job_from_args(a, cal, assumptions)
     intra, inter = cluster.intra, cluster.inter
@@ -431,8 +431,8 @@ def _across_nodes(cal: Any) -> dict[str, Any]:
 def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: dict[int, float],
               assumptions: dict[str, Any]) -> tuple[list[Any], list[str], Compared | None]:
     """The points, the conclusions (gaps to the measured speed-ups, the strategy to use) and the comparison."""
-    from .forecast import forecast
-    from .verdict import NOT_MODELLED, gaps
+    from ..costs.forecast import forecast
+    from ..costs.verdict import NOT_MODELLED, gaps
 
     points = forecast(target.job, target.cluster, strategy, target.worlds)
     if a.gpu:

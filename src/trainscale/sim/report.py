@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .forecast import Point
+from ..costs.forecast import Point
 
 __all__ = ["PLOTS", "plan_json", "console_table", "write_plan", "print_plan"]
 

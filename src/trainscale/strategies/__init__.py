@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import StrategyConfig
+from ..costs.collectives import collective_bytes
 from ..distributed import DistEnv
-from ..sim.collectives import collective_bytes
 from .amp import apply_amp, check_amp
 from .autotune import BucketTuner, distinct_candidates
 from .checks import check_strategy, check_transport, needs_hook

@@ -1,6 +1,6 @@
 """Communication accounting: bytes and collective calls per step, and communication left exposed after backward.
 
-Bytes are counted as a ring algorithm sends them (``trainscale.sim.collectives.collective_bytes``): an
+Bytes are counted as a ring algorithm sends them (``trainscale.costs.collectives.collective_bytes``): an
 all-reduce of N bytes over P ranks sends 2N(P-1)/P from each rank, a reduce-scatter or an all-gather N(P-1)/P.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..sim.collectives import collective_bytes
+from ..costs.collectives import collective_bytes
 
 __all__ = ["CommMeter"]
 

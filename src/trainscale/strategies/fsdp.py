@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, StrategyConfig
+from ..costs.collectives import collective_bytes
 from ..distributed import DistEnv
-from ..sim.collectives import collective_bytes
 from .layers import _flatten
 
 __all__ = ["FsdpState", "apply_fsdp", "shard_units", "checkpoint_units", "unit_bytes"]

@@ -51,7 +51,7 @@ def chunk_ids(stage: int, stages: int, per_rank: int, schedule: str) -> list[int
 
 def bubble_theory(stages: int, microbatches: int, schedule: str, per_rank: int) -> float | None:
     """The schedule's idle share from the planner's cost model; None where it has none (zbv)."""
-    from ..sim.step import pipeline_bubble
+    from ..costs.step import pipeline_bubble
     if schedule == "zbv":
         return None
     name = f"interleaved:{per_rank}" if schedule == "interleaved-1f1b" else schedule

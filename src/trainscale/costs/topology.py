@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Topology", "parse_topo", "RANK", "CLASSES"]
 

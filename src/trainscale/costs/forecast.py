@@ -1,13 +1,13 @@
 """Forecast: a job (one device's measured or estimated step) on a cluster with a strategy -> one point
 per world size (step time split into compute, exposed communication, bubble and straggler wait).
 
-The model (``Job``, ``Cluster``, ``Strategy``) is plain data; ``forecast`` is a pure function of it.
+The model (``Job``, ``ClusterSpec``, ``StrategySpec``) is plain data; ``forecast`` is a pure function of it.
 
 Example::
 
     job = Job("vgg16", params=138_357_544, batch_size=32, step_s=32 / 154, compute_s=32 / 154)
-    cluster = Cluster.from_catalog("P100", gpus_per_node=4, intra="pcie3", inter="25gbe")
-    [p.efficiency for p in forecast(job, cluster, Strategy(bucket_mb=64), [4, 512])]
+    cluster = ClusterSpec.from_catalog("P100", gpus_per_node=4, intra="pcie3", inter="25gbe")
+    [p.efficiency for p in forecast(job, cluster, StrategySpec(bucket_mb=64), [4, 512])]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .collectives import AlphaBeta, hierarchical_time, nccl_ring_time, ring_time, tree_time
 from .fsdp import fsdp_step, half_allreduce, transformer_units
 from .hardware import Link, catalog, link
@@ -33,7 +33,7 @@ from .step import (
 )
 from .topology import Topology
 
-__all__ = ["Job", "Cluster", "Strategy", "Point", "forecast", "world_sizes", "PS_MODES"]
+__all__ = ["Job", "ClusterSpec", "StrategySpec", "Point", "forecast", "world_sizes", "PS_MODES"]
 
 PS_MODES = ("sync", "k-sync", "k-batch-sync", "async", "k-async", "k-batch-async")
 
@@ -68,7 +68,7 @@ class Job:
 
 
 @dataclass
-class Cluster:
+class ClusterSpec:
     """Where the job runs: nodes of ``gpus_per_node`` devices, two link classes, or a calibrated host."""
 
     gpus_per_node: int
@@ -99,7 +99,7 @@ class Cluster:
 
     @classmethod
     def from_catalog(cls, gpu_name: str | None, gpus_per_node: int, intra: str, inter: str,
-                     topo: Topology | None = None) -> Cluster:
+                     topo: Topology | None = None) -> ClusterSpec:
         """Links from the catalogue; with a topology the intra link is slowed to its ring's slowest hop."""
         from .hardware import gpu
 
@@ -221,7 +221,7 @@ def topo_link(topo: Topology, nominal: Link) -> Link:
 
 
 @dataclass
-class Strategy:
+class StrategySpec:
     """How gradients are exchanged (the ``trainscale train --strategy.*`` options and the PS modes)."""
 
     bucket_mb: float = 25.0          # fusion bucket; 0: one all-reduce per gradient tensor
@@ -297,7 +297,7 @@ def _bound(parts: dict[str, float]) -> str:
     return max(parts, key=lambda k: parts[k])
 
 
-def _step(job: Job, cluster: Cluster, s: Strategy, world: int) -> Point:
+def _step(job: Job, cluster: ClusterSpec, s: StrategySpec, world: int) -> Point:
     """One world size (without speed-up, filled in by ``forecast``)."""
     base, slow = cluster.job_at(job, world)
     nodes = max(1, math.ceil(world / cluster.gpus_per_node))
@@ -338,7 +338,7 @@ def _compute(base: Job, slow: float, world: int) -> tuple[float, float, float, f
     return compute, other, sigma, straggler
 
 
-def _pipelined(s: Strategy, world: int, compute: float, tensor_bytes: list[float]) -> tuple[int, float, list[float]]:
+def _pipelined(s: StrategySpec, world: int, compute: float, tensor_bytes: list[float]) -> tuple[int, float, list[float]]:
     """(data-parallel ranks, the pipeline's bubble in seconds, the gradient bytes each rank exchanges)."""
     if s.pipeline_stages <= 1:
         return world, 0.0, tensor_bytes
@@ -349,7 +349,7 @@ def _pipelined(s: Strategy, world: int, compute: float, tensor_bytes: list[float
     return world // s.pipeline_stages, compute * frac / (1 - frac), [b / s.pipeline_stages for b in tensor_bytes]
 
 
-def _compression(s: Strategy, tensor_bytes: list[float], mem_gbs: float) -> tuple[float, float]:
+def _compression(s: StrategySpec, tensor_bytes: list[float], mem_gbs: float) -> tuple[float, float]:
     """(bytes on the wire per gradient byte, seconds the codec takes on the device per step)."""
     ratio = compressed_bytes(1.0, s.compression, s.powersgd_rank) if s.compression != "powersgd" else \
         compressed_bytes(sum(tensor_bytes), "powersgd", s.powersgd_rank) / max(1.0, sum(tensor_bytes))
@@ -360,7 +360,7 @@ def _compression(s: Strategy, tensor_bytes: list[float], mem_gbs: float) -> tupl
     return ratio, codec
 
 
-def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float], dp: int, ratio: float,
+def _exchange(base: Job, cluster: ClusterSpec, s: StrategySpec, tensor_bytes: list[float], dp: int, ratio: float,
               backward: float) -> tuple[float, float, float]:
     """(exposed and total communication seconds per step, CPU seconds a rank spends in it) over ``dp`` ranks."""
     def t_of(nbytes: float) -> float:
@@ -385,7 +385,7 @@ def _exchange(base: Job, cluster: Cluster, s: Strategy, tensor_bytes: list[float
     return exposed, total, comm_cpu
 
 
-def _fsdp_exchange(cluster: Cluster, units: int, grad_bytes: float, dp: int, compute: float,
+def _fsdp_exchange(cluster: ClusterSpec, units: int, grad_bytes: float, dp: int, compute: float,
                    backward: float) -> tuple[float, float, float]:
     """FSDP over ``dp`` ranks: each of ``units`` equal blocks all-gathered before its forward and its backward and
     reduce-scattered after it, one block of prefetch (``sim/fsdp.py``); fp32 gathers and reductions (4 bytes per
@@ -401,7 +401,7 @@ def _fsdp_exchange(cluster: Cluster, units: int, grad_bytes: float, dp: int, com
     return t.exposed_s, t.comm_s, cpu
 
 
-def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, busy_s: float,
+def _ps_point(job: Job, cluster: ClusterSpec, s: StrategySpec, world: int, nodes: int, busy_s: float,
               sigma: float) -> Point:
     """A parameter-server mode: learner times shift + Exp(sigma) (Dutta et al. 2018's model), the server's link a bound."""
     k = s.ps_k or max(1, world // 2)
@@ -421,7 +421,7 @@ def _ps_point(job: Job, cluster: Cluster, s: Strategy, world: int, nodes: int, b
                  0.0, max(0.0, update - busy_s - push_pull), 0.0, bound, s.label())
 
 
-def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
+def _anchored(p: Point, job: Job, cluster: ClusterSpec, s: StrategySpec) -> Point:
     """On a calibrated host, the model's point scaled so the calibrated strategy gives its skeleton's measured step.
 
     The skeleton (``strategies/probe.py``) ran the job's CPU demand and buckets on P ranks of this host, so it saw what
@@ -433,7 +433,7 @@ def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
     r = cluster.replay_hier.get(p.world_size) if hier else cluster.replay.get(p.world_size)
     if not r or s.ps_mode or p.world_size <= 1:
         return p
-    ref = _step(job, cluster, Strategy(bucket_mb=float(r["bucket_mb"]), overlap=bool(r["overlap"]), hierarchical=hier),
+    ref = _step(job, cluster, StrategySpec(bucket_mb=float(r["bucket_mb"]), overlap=bool(r["overlap"]), hierarchical=hier),
                 p.world_size)
     k = float(r["step_s"]) / ref.step_time_s
     return replace(p, step_time_s=p.step_time_s * k, samples_per_s=p.samples_per_s / k, compute_s=p.compute_s * k,
@@ -441,9 +441,9 @@ def _anchored(p: Point, job: Job, cluster: Cluster, s: Strategy) -> Point:
                    straggler_s=p.straggler_s * k, model_step_s=p.step_time_s)
 
 
-def forecast(job: Job, cluster: Cluster, strategy: Strategy, worlds: list[int]) -> list[Point]:
+def forecast(job: Job, cluster: ClusterSpec, strategy: StrategySpec, worlds: list[int]) -> list[Point]:
     """The forecast at each world size; speed-up and efficiency against one device of the same job."""
-    one = _step(job, cluster, Strategy(), 1)
+    one = _step(job, cluster, StrategySpec(), 1)
     points = []
     for w in worlds:
         p = _anchored(_step(job, cluster, strategy, w), job, cluster, strategy)

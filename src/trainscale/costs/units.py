@@ -18,7 +18,7 @@ import math
 import re
 from decimal import Decimal
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["parse_count", "parse_number", "parse_rate", "parse_latency", "parse_gpu_spec", "COUNT_HELP",
            "RATE_HELP", "GPU_SPEC_HELP", "PRECISIONS"]

@@ -104,7 +104,7 @@ def fsdp_step(units: Sequence[FsdpUnit], gather_s: Callable[[float], float], red
 
 def half_allreduce(allreduce_s: Callable[[float, int], float], world: int) -> Callable[[float], float]:
     """``gather_s``/``reduce_s`` for ``fsdp_step``: a ring all-gather or reduce-scatter of n bytes is one of a ring
-    all-reduce's two passes, half its time (``allreduce_s(n, world)``, e.g. ``Cluster.allreduce_s``)."""
+    all-reduce's two passes, half its time (``allreduce_s(n, world)``, e.g. ``ClusterSpec.allreduce_s``)."""
     return lambda n: allreduce_s(n, world) / 2
 
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["Gpu", "Link", "catalog", "gpu", "link", "known_model", "gpu_names", "link_names", "gpu_from_spec",
            "link_from_rate"]

@@ -11,7 +11,7 @@ precision class, fitted only on the calibration points of ``tests/sim/heldout_sc
 Example::
 
     kappa = fitted_overhead("fp32")                  # the catalogue's constant for fp32/tf32
-    points = with_overhead(forecast(job, cluster, Strategy(), [8, 64]), job.step_s, kappa)
+    points = with_overhead(forecast(job, cluster, StrategySpec(), [8, 64]), job.step_s, kappa)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .forecast import Point
 from .hardware import catalog
 

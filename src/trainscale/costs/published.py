@@ -40,7 +40,7 @@ class Row:
 
 def _ddp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
     """Data-parallel efficiency per world size, without the framework overhead."""
-    from .forecast import Cluster, Job, Strategy, forecast
+    from .forecast import ClusterSpec, Job, StrategySpec, forecast
     from .hardware import known_model
     from .step import profile_tensors
     from .units import parse_count, parse_number
@@ -53,14 +53,14 @@ def _ddp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
     tensors, costs = profile_tensors(params * 4.0, *tail)
     step = m["batch_size"] / parse_number(m["samples_per_s_1"], "samples_per_s_1")
     job = Job(m.get("model", "job"), params, m["batch_size"], step, step, tensor_bytes=tensors, tensor_costs=costs)
-    cluster = Cluster.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
-    strategy = Strategy(bucket_mb=float(m.get("bucket_mb", 25.0)), hierarchical=bool(m.get("hierarchical", False)))
+    cluster = ClusterSpec.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
+    strategy = StrategySpec(bucket_mb=float(m.get("bucket_mb", 25.0)), hierarchical=bool(m.get("hierarchical", False)))
     return {p.world_size: p.efficiency for p in forecast(job, cluster, strategy, worlds)}
 
 
 def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
     """One FSDP step of the setting ``m`` at ``world`` devices (weak scaling: the same tokens per device)."""
-    from .forecast import Cluster
+    from .forecast import ClusterSpec
     from .hardware import gpu
 
     g = gpu(m["gpu"])
@@ -68,7 +68,7 @@ def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
     per_token = m["linear_flops_per_token"] / linear_peak + m["attention_flops_per_token"] / other_peak
     compute = m["tokens_per_step"] * per_token / m["mfu"]
     head_share = m["head_flops_per_token"] / linear_peak / per_token
-    cluster = Cluster.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
+    cluster = ClusterSpec.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
 
     units = transformer_units(m["layers"], m["layer_params"], compute, head_share)
     half = half_allreduce(cluster.allreduce_s, world)
