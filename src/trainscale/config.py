@@ -13,14 +13,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from . import config_io
+from .config_io import apply_overrides, config_to_dict, config_to_toml, gather_values, parse_override_args, read_toml
 from .errors import ConfigError
+from .schema.contract import PHASE_FLAGS, PHASES, SPANS, STEP_ROW  # the summary contract, re-exported
 
 __all__ = [
     "ConfigError",
@@ -40,6 +40,12 @@ __all__ = [
     "config_to_toml",
     "describe_fields",
     "field_options",
+    "parse_override_args",
+    "read_toml",
+    "PHASE_FLAGS",
+    "PHASES",
+    "SPANS",
+    "STEP_ROW",
 ]
 
 
@@ -380,20 +386,6 @@ class LogConfig(_Section):
         self._at_least("straggler_every", 1)
 
 
-# The one table of ablation phases (what ablate.phases may cycle through): name -> (no_comm, no_data).
-# Cumulative, like the doctor's separate experiments: no_comm also keeps one batch on the device.
-PHASE_FLAGS: dict[str, tuple[bool, bool]] = {"base": (False, False), "no_data": (False, True), "no_comm": (True, True)}
-PHASES = tuple(PHASE_FLAGS)
-# The spans of one step in timeline.json, in the order they happen (the timeline and the doctor's plots share them).
-SPANS = ("data wait", "host work", "forward+backward", "waiting for slowest rank", "exposed communication", "optimizer")
-# The columns of a phase's per-step rows (``phases.<name>.rank_steps[rank][i]`` in the run summary), seconds.
-# runq: time runnable but not running (Linux schedstat); runq_crit: of the threads a step waits for (the
-# main thread and the backend's: collectives, intra-op), not the loader's, whose waits show as data wait; arrival: when the rank's last gradient was ready, on a
-# clock common to all ranks. Older summaries have the first four only; a column a run did not measure is NaN.
-STEP_ROW = ("cycle", "step_s", "compute_s", "data_wait_s", "runq_main_s", "runq_crit_s", "cpu_all_s", "comm_wait_s",
-            "arrival_s")
-
-
 @dataclass
 class AblateConfig(_Section):
     """Controlled experiments for the doctor: remove one part of the step and keep the rest."""
@@ -521,206 +513,21 @@ class Config:
                               "ablate.compute experiments do not run on pipelines; leave them off")
 
 
-# ----------------------------------------------------------------------------------------- parsing
-
-
-def _literal_options(tp: Any) -> tuple[Any, ...]:
-    """The options a ``Literal`` (possibly inside a union) allows; empty when there is none."""
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return tuple(o for a in typing.get_args(tp) for o in _literal_options(a))
-    return ()
-
-
-def _coerce(key: str, raw: Any, tp: Any) -> Any:
-    """Convert ``raw`` (a CLI string or a TOML value) to the field type ``tp``, or raise ConfigError."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        for a in args:  # Literal options first so "auto" is not tried as a float
-            try:
-                return _coerce(key, raw, a)
-            except ConfigError:
-                continue
-        raise ConfigError(key, raw, "expected " + " or ".join(_type_name(a) for a in args))
-    if origin is Literal:
-        for opt in args:
-            if raw == opt or (isinstance(raw, str) and str(opt) == raw):
-                return opt
-        raise ConfigError(key, raw, "one of " + ", ".join(map(str, args)))
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return raw.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(key, raw, "expected true or false")
-    if tp is int:
-        if isinstance(raw, bool):
-            raise ConfigError(key, raw, "expected an integer")
-        if isinstance(raw, int):
-            return raw
-        try:
-            return int(str(raw), 0)
-        except ValueError:
-            raise ConfigError(key, raw, "expected an integer") from None
-    if tp is float:
-        if isinstance(raw, bool):
-            raise ConfigError(key, raw, "expected a number")
-        try:
-            return float(raw)
-        except (TypeError, ValueError):
-            raise ConfigError(key, raw, "expected a number") from None
-    if tp is str:
-        if isinstance(raw, (dict, list)):
-            raise ConfigError(key, raw, "expected a string")
-        return str(raw)
-    raise ConfigError(key, raw, f"unsupported field type {tp!r}")
-
-
-def _type_name(tp: Any) -> str:
-    opts = _literal_options(tp)
-    return "/".join(map(str, opts)) if opts else getattr(tp, "__name__", str(tp))
-
-
-def _sections(cfg: Any) -> dict[str, Any]:
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-
-
-def apply_overrides(cfg: Config, values: dict[str, Any]) -> Config:
-    """Return a new, validated Config with ``{"section.field": value}`` applied."""
-    merged: dict[str, dict[str, Any]] = {
-        name: {f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)} for name, sec in _sections(cfg).items()
-    }
-    for key, raw in values.items():
-        section, _, fname = key.partition(".")
-        if section not in merged:
-            raise ConfigError(key, raw, "unknown section;" + _did_you_mean(key, merged) + " sections are "
-                              + ", ".join(merged))
-        sec_obj = getattr(cfg, section)
-        hints = typing.get_type_hints(type(sec_obj))
-        if fname not in merged[section]:
-            raise ConfigError(key, raw, f"unknown field of [{section}];" + _did_you_mean(key, merged)
-                              + " fields are " + ", ".join(merged[section]))
-        merged[section][fname] = _coerce(key, raw, hints[fname])
-    return Config(**{name: type(getattr(cfg, name))(**fields) for name, fields in merged.items()})
-
-
-def _did_you_mean(key: str, merged: dict[str, dict[str, Any]]) -> str:
-    """" did you mean strategy.bucket_mb?" for a misspelled ``section.field``, else ""."""
-    import difflib
-    keys = [f"{sec}.{f}" for sec, fields in merged.items() for f in fields]
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
-    return f" did you mean {close[0]}?" if close else ""
-
-
-def _flatten_toml(data: dict[str, Any], path: str) -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for section, body in data.items():
-        if not isinstance(body, dict):
-            raise ConfigError(section, body, f"{path}: top-level keys must be [sections] such as [model]")
-        for fname, value in body.items():
-            flat[f"{section}.{fname}"] = value
-    return flat
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file into ``{"section.field": value}``."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("--config", str(path), "no such file")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError("--config", str(path), f"not valid TOML ({e})") from None
-    return _flatten_toml(data, str(path))
-
-
-def parse_override_args(argv: list[str]) -> dict[str, str]:
-    """Turn ``["--model.name", "mlp", "--a.b=c"]`` into ``{"model.name": "mlp", "a.b": "c"}``."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
-            raise ConfigError("argument", arg, "expected --section.field VALUE")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(argv):
-                raise ConfigError(arg[2:], None, "missing value")
-            key, value = arg[2:], argv[i + 1]
-            i += 2
-        out[key] = value
-    return out
+# ----------------------------------------------------------------------------------------- loading
+# The machinery lives in ``config_io``; these bind it to ``Config``.
 
 
 def load_config(argv: list[str] | None = None, config_file: str | None = None,
                 extra: dict[str, Any] | None = None) -> Config:
     """Defaults, then the TOML file, then ``--section.field value`` arguments, then ``extra``."""
-    values: dict[str, Any] = {}
-    if config_file:
-        values.update(read_toml(config_file))
-    values.update(parse_override_args(list(argv or [])))
-    values.update(extra or {})
-    return apply_overrides(Config(), values)
-
-
-def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Plain nested dict of the configuration (JSON and TOML friendly)."""
-    return {name: dataclasses.asdict(sec) for name, sec in _sections(cfg).items()}
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def config_to_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
-    """The resolved configuration as TOML, with each field's documentation as a comment."""
-    lines: list[str] = []
-    for name, sec in _sections(cfg).items():
-        if sections and name not in sections:
-            continue
-        lines.append(f"[{name}]")
-        for f in dataclasses.fields(sec):
-            lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}  # {f.metadata.get('doc', '')}")
-        lines.append("")
-    return "\n".join(lines)
+    return apply_overrides(Config(), gather_values(argv, config_file, extra))
 
 
 def field_options(sections: tuple[str, ...] | None = None) -> list[tuple[str, str, list[tuple[str, str]]]]:
     """Per section: (name, its docstring, [(--section.field, help text)]) for grouped ``--help`` pages."""
-    out = []
-    for name, sec in _sections(Config()).items():
-        if sections and name not in sections:
-            continue
-        hints = typing.get_type_hints(type(sec))
-        opts = []
-        for f in dataclasses.fields(sec):
-            default = getattr(sec, f.name)
-            shown = _toml_value(default) if not isinstance(default, str) else (repr(default) if default else "''")
-            opts.append((f"--{name}.{f.name}", f"{f.metadata.get('doc', '')} [{_type_name(hints[f.name])}, "
-                                               f"default {shown}]"))
-        out.append((name, (type(sec).__doc__ or "").strip().splitlines()[0], opts))
-    return out
+    return config_io.field_options(Config(), sections)
 
 
 def describe_fields(sections: tuple[str, ...] | None = None) -> str:
     """One line per field: ``--section.field (type, default): doc``; used by ``--help``."""
-    out = []
-    for name, sec in _sections(Config()).items():
-        if sections and name not in sections:
-            continue
-        hints = typing.get_type_hints(type(sec))
-        for f in dataclasses.fields(sec):
-            out.append(f"  --{name}.{f.name} ({_type_name(hints[f.name])}, default {getattr(sec, f.name)!r}): "
-                       f"{f.metadata.get('doc', '')}")
-    return "\n".join(out)
+    return config_io.describe_fields(Config(), sections)

@@ -42,7 +42,7 @@ on_launch: Callable[[list[str], dict[str, str], str], None] | None = None
 
 def check_train_args(args: list[str]) -> Config:
     """Validate the train options before any run starts (a typo fails now, not after minutes)."""
-    from .train.cli import parse
+    from .train_options import parse
 
     for a in args:
         if a.split("=", 1)[0] in _RESERVED:
@@ -58,7 +58,7 @@ def to_overrides(args: list[str]) -> list[str]:
     listed, plus ``job.steps`` whenever the options name a step count, even the default one.
     """
     from .config import config_to_dict
-    from .train.cli import parse
+    from .train_options import parse
 
     _, cfg = parse(list(args))
     new, old = config_to_dict(cfg), config_to_dict(Config())
@@ -197,7 +197,7 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
-    from .train.summary import read_summary
+    from .schema import read_summary
     summary = read_summary(spec.json_path)  # nulls (unmeasured numbers) back to NaN, as the analysis expects
     summary["command"] = spec.shell()
     return summary

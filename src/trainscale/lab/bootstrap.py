@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..config import PHASES
+from ..schema import PHASES, Col
 from .stats import block_step_time, critical_runq, sync_wait
 
 __all__ = ["resample_runs", "block_times", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
@@ -32,7 +32,7 @@ Runs = dict[tuple[str, int], list[dict[str, Any]]]
 
 def _cycles(part: dict[str, Any]) -> list[int]:
     rows = (part.get("rank_steps") or [[]])[0]
-    return sorted({int(r[0]) for r in rows})
+    return sorted({int(r[Col.CYCLE]) for r in rows})
 
 
 def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, Any]:
@@ -44,8 +44,8 @@ def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, 
         return part
     steps, comps = [], []
     for rows in ranks:
-        w = weights if weights is not None else Counter({int(r[0]): 1 for r in rows})
-        c = [r[2] for r in rows for _ in range(w.get(int(r[0]), 0)) if math.isfinite(r[2])]
+        w = weights if weights is not None else Counter({int(r[Col.CYCLE]): 1 for r in rows})
+        c = [r[Col.COMPUTE] for r in rows for _ in range(w.get(int(r[Col.CYCLE]), 0)) if math.isfinite(r[Col.COMPUTE])]
         steps.append(block_step_time(rows, w))
         comps.append(statistics.median(c) if c else float("nan"))
     return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0],
@@ -67,7 +67,7 @@ def throughput(part: dict[str, Any], rng: random.Random | None = None) -> float:
         return float(part["samples_per_s"])
     cycles = _cycles(part)
     weights = Counter(rng.choice(cycles) for _ in cycles) if rng else None
-    steps = [r[1] for r in rows for _ in range(weights.get(int(r[0]), 0) if weights else 1)]
+    steps = [r[Col.STEP] for r in rows for _ in range(weights.get(int(r[Col.CYCLE]), 0) if weights else 1)]
     return len(steps) * part["global_batch"] / sum(steps) if steps else float("nan")
 
 
@@ -121,7 +121,7 @@ def outlier_count(runs: Runs, factor: float = 10.0) -> int:
     for parts in runs.values():
         for part in parts:
             for rows in part.get("rank_steps") or []:
-                times = [r[1] for r in rows]
+                times = [r[Col.STEP] for r in rows]
                 if times:
                     m = statistics.median(times)
                     n += sum(t > factor * m for t in times)

@@ -2,7 +2,7 @@
 
 The scaling loss says what N processes cost over one; a user also asks what bounds the job at all. A job that
 waits for data 90% of the time at every scale scales perfectly and is still input-bound. Each rank's step splits,
-from its per-step rows (``config.STEP_ROW``), into
+from its per-step rows (``schema.STEP_ROW``), into
 
     input              the wait for the next batch
     cpu_contention     run-queue wait (runnable, but no core was free): the main thread's, and the backend
@@ -22,26 +22,19 @@ import math
 import statistics
 from typing import Any
 
-from ..config import STEP_ROW
+from ..schema import Col, cell
 from .stats import arrivals_behind, job_step_time, step_runq
 from .suggest import suggest
 
 __all__ = ["PARTS", "step_shares", "bottleneck", "outside_load"]
 
 PARTS = ("input", "compute", "communication", "cpu_contention", "waiting_for_peers")
-_COL = {name: i for i, name in enumerate(STEP_ROW)}
 OUTSIDE_CORES = 0.25  # cores that processes outside the job must use before the doctor counts them as a load
 
 
 def outside_load(ctx: dict[str, Any]) -> bool:
     """Whether processes outside the job used at least ``OUTSIDE_CORES`` while it ran (the load monitor)."""
     return float((ctx.get("external") or {}).get("cores") or 0.0) >= OUTSIDE_CORES
-
-
-def _col(row: list[float], name: str) -> float:
-    i = _COL[name]
-    v = row[i] if i < len(row) else float("nan")
-    return v if v is not None and math.isfinite(v) else float("nan")
 
 
 def step_shares(rank_steps: list[list[list[float]]], backend: bool = True
@@ -57,7 +50,7 @@ def step_shares(rank_steps: list[list[list[float]]], backend: bool = True
         if math.isfinite(behind[0]):
             last[behind.index(0.0)] += 1
         for row, ahead in zip(rows, behind):
-            step = _col(row, "step_s")
+            step = cell(row, Col.STEP)
             if not math.isfinite(step) or step <= 0:
                 continue
             parts = _split(row, step, ahead, missing, backend)
@@ -72,8 +65,8 @@ def step_shares(rank_steps: list[list[list[float]]], backend: bool = True
 def _split(row: list[float], step: float, behind: float, missing: set[str], backend: bool = True
            ) -> dict[str, float]:
     """One rank's step in seconds per part; ``behind``: how long before the last rank this rank arrived."""
-    wait = max(0.0, _col(row, "data_wait_s") if math.isfinite(_col(row, "data_wait_s")) else 0.0)
-    runq, comm = step_runq(row, backend, behind), _col(row, "comm_wait_s")
+    wait = max(0.0, cell(row, Col.DATA_WAIT) if math.isfinite(cell(row, Col.DATA_WAIT)) else 0.0)
+    runq, comm = step_runq(row, backend, behind), cell(row, Col.COMM_WAIT)
     if not math.isfinite(runq):
         missing.add("cpu_contention")
         runq = 0.0
@@ -83,7 +76,7 @@ def _split(row: list[float], step: float, behind: float, missing: set[str], back
         comm = 0.0
     else:
         # The backend threads' wait for a core inside the exposed exchange is CPU contention, not the exchange.
-        in_exchange = runq - _col(row, "runq_main_s")
+        in_exchange = runq - cell(row, Col.RUNQ_MAIN)
         comm = max(0.0, comm - in_exchange) if math.isfinite(in_exchange) else comm
         if math.isfinite(behind):
             peers = min(max(0.0, behind), comm)  # a rank that waits in the exchange waits for the last one first

@@ -24,11 +24,12 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..config import PHASES, ConfigError, config_to_dict
+from ..config import ConfigError, config_to_dict
 from ..jobs import LauncherOptions, RunFailed, check_train_args, split_script
 from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import console, err_console
+from ..schema import PHASES
 from .analysis import CONFIGS, analyse
 from .common import cores, machine_description
 from .doctor_plan import DoctorPlan, thread_candidates

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..reporting import figure, legend_below, save
+from ..schema import Col
 from .stats import median
 
 __all__ = ["rank_segments", "plot_ranks", "plot_timeline", "SEGMENTS"]
@@ -27,7 +28,7 @@ def _wait(s: dict[str, Any], rank: int) -> float:
     # every phase (seen on an H200: a 79 ms wait in the base phase drawn as none, the no-data phases' median).
     rows = s.get("rank_steps") or []
     if rank < len(rows) and rows[rank]:
-        return median(r[3] for r in rows[rank])
+        return median(r[Col.DATA_WAIT] for r in rows[rank])
     waits = s.get("rank_data_wait_s")
     if waits and rank < len(waits):
         return waits[rank]
@@ -98,7 +99,7 @@ def plot_timeline(trace: Path, path: Path, steps: int = 4) -> Path | None:
     """
     import json
 
-    from ..config import SPANS
+    from ..schema import SPANS
 
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     ranks = sorted({e["pid"] for e in events})

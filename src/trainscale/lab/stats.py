@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from ..reporting.stats import Interval, mean_interval, median, rel_spread
+from ..schema import Col, cell
 
 __all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
            "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind"]
@@ -24,11 +25,11 @@ def block_step_time(rows: list[list[float]], weights: dict[int, int] | None = No
     every other step costs the mean, not the median); a plain mean lets one hiccup decide. So steps are
     clipped at ``STEP_CLIP`` x the phase's median, averaged per cycle, and the median taken over cycles.
     """
-    w = weights if weights is not None else {int(r[0]): 1 for r in rows}
+    w = weights if weights is not None else {int(r[Col.CYCLE]): 1 for r in rows}
     blocks: dict[int, list[float]] = {}
     for r in rows:
-        if w.get(int(r[0]), 0) and math.isfinite(r[1]):
-            blocks.setdefault(int(r[0]), []).append(r[1])
+        if w.get(int(r[Col.CYCLE]), 0) and math.isfinite(r[Col.STEP]):
+            blocks.setdefault(int(r[Col.CYCLE]), []).append(r[Col.STEP])
     if not blocks:
         return float("nan")
     cap = STEP_CLIP * statistics.median(t for c, b in blocks.items() for _ in range(w[c]) for t in b)
@@ -47,9 +48,10 @@ def sync_wait(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     if len(ranks) < 2:
         return 0.0
     n = min(len(rows) for rows in ranks)
-    finite = [[r[2] for r in rows[:n] if math.isfinite(r[2])] for rows in ranks]
+    finite = [[r[Col.COMPUTE] for r in rows[:n] if math.isfinite(r[Col.COMPUTE])] for rows in ranks]
     caps = [STEP_CLIP * statistics.median(f) if f else math.inf for f in finite]
-    steps = [(int(ranks[0][i][0]), [min(rows[i][2], cap) for rows, cap in zip(ranks, caps)]) for i in range(n)]
+    steps = [(int(ranks[0][i][Col.CYCLE]), [min(rows[i][Col.COMPUTE], cap) for rows, cap in zip(ranks, caps)])
+             for i in range(n)]
     w = weights if weights is not None else {c: 1 for c, _ in steps}
     drawn = [(w.get(c, 0), comp) for c, comp in steps if w.get(c, 0) and all(math.isfinite(x) for x in comp)]
     total = sum(k for k, _ in drawn)
@@ -64,19 +66,21 @@ def step_runq(row: list[float], backend: bool = True, behind: float = 0.0) -> fl
     """Seconds of one rank's step lost waiting for a core: its main thread's run-queue wait, plus the backend
     threads' wait as far as the step waited for the exchange itself (their wait while the exchange still overlapped
     backward cost nothing, and neither did their wait while this rank, ``behind`` seconds ahead of the last to
-    arrive, waited for that one). NaN without the run-queue columns (``config.STEP_ROW`` 4, 5 and 7)."""
-    if len(row) < 8 or row[4] is None or not math.isfinite(row[4]):
+    arrive, waited for that one). NaN without the run-queue columns (``Col.RUNQ_MAIN``, ``RUNQ_CRIT``, ``COMM_WAIT``)."""
+    main = cell(row, Col.RUNQ_MAIN)
+    if len(row) <= Col.COMM_WAIT or not math.isfinite(main):
         return float("nan")
-    crit = row[5] if backend and row[5] is not None and math.isfinite(row[5]) else row[4]
-    comm = row[7] if row[7] is not None and math.isfinite(row[7]) else 0.0
-    own = comm - (behind if math.isfinite(behind) else 0.0)
-    return row[4] + min(max(0.0, crit - row[4]), max(0.0, own))
+    crit = cell(row, Col.RUNQ_CRIT) if backend else math.nan
+    crit = crit if math.isfinite(crit) else main
+    comm = cell(row, Col.COMM_WAIT)
+    own = (comm if math.isfinite(comm) else 0.0) - (behind if math.isfinite(behind) else 0.0)
+    return main + min(max(0.0, crit - main), max(0.0, own))
 
 
 def arrivals_behind(rows: list[list[float]]) -> list[float]:
-    """Per rank of one step: how long before the last rank it arrived at the exchange (``config.STEP_ROW`` 8, on
+    """Per rank of one step: how long before the last rank it arrived at the exchange (``Col.ARRIVAL``, on
     a clock common to all ranks); NaN for all when one rank has no arrival or there is one rank."""
-    arr = [r[8] if len(r) > 8 and r[8] is not None else float("nan") for r in rows]
+    arr = [cell(r, Col.ARRIVAL) for r in rows]
     if len(rows) < 2 or not all(math.isfinite(a) for a in arr):
         return [float("nan")] * len(rows)
     return [max(arr) - a for a in arr]
@@ -86,7 +90,7 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
                   ) -> float:
     """Seconds per step the step waits because a rank's threads were runnable but not running.
 
-    ``ranks``: every rank's rows of one phase (``config.STEP_ROW``). A synchronous step waits for its last rank,
+    ``ranks``: every rank's rows of one phase (``schema.STEP_ROW``). A synchronous step waits for its last rank,
     and a collective for its slowest participant, so a rank descheduled for x ms delays everyone by up to x: per
     step, the largest ``step_runq`` over the ranks. A rank that waits in the exchange for a later one is not
     held up by its own backend threads' wait meanwhile, so that wait is left out (arrivals, ``arrivals_behind``).
@@ -98,7 +102,7 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
         rows = [r[i] for r in ranks]
         runq = [step_runq(row, backend, b) for row, b in zip(rows, arrivals_behind(rows))]
         if all(math.isfinite(v) for v in runq):
-            steps.append((int(ranks[0][i][0]), max(runq)))
+            steps.append((int(ranks[0][i][Col.CYCLE]), max(runq)))
     if not steps:
         return float("nan")
     w = weights if weights is not None else {c: 1 for c, _ in steps}
@@ -109,10 +113,10 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
 
 def critical_data_wait(ranks: list[list[list[float]]]) -> float:
     """Seconds per step the step waited for a batch: per step, the longest data wait over the ranks (a synchronous
-    step waits for its last rank's batch), averaged over the steps. NaN without the column (``config.STEP_ROW`` 3)."""
+    step waits for its last rank's batch), averaged over the steps. NaN without the column (``Col.DATA_WAIT``)."""
     n = min((len(rows) for rows in ranks), default=0)
-    waits = [max(rows[i][3] for rows in ranks) for i in range(n)
-             if all(len(rows[i]) > 3 and rows[i][3] is not None and math.isfinite(rows[i][3]) for rows in ranks)]
+    waits = [max(cell(rows[i], Col.DATA_WAIT) for rows in ranks) for i in range(n)
+             if all(math.isfinite(cell(rows[i], Col.DATA_WAIT)) for rows in ranks)]
     return sum(waits) / len(waits) if waits else float("nan")
 
 

@@ -1,4 +1,7 @@
-"""The run summary: one JSON object that the lab, the doctor, the benchmarks and the tests read."""
+"""The run summary: one JSON object that the lab, the doctor, the benchmarks and the tests read.
+
+This module writes and prints it; its schema and reader live in ``trainscale.schema`` (re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,14 @@ import json
 import math
 import statistics
 import sys
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..reporting.files import atomic_write_bytes
+from ..schema import SCHEMA_VERSION, read_summary, summary_schema  # the reader lives with the schema
 
 __all__ = ["write_summary", "read_summary", "print_summary", "median_spread", "strict_json", "summary_schema",
            "human", "SCHEMA_VERSION"]
-
-SCHEMA_VERSION = 2  # bumped only when a field changes meaning; fields are added, never removed or renamed
 
 
 def median_spread(values: list[float]) -> tuple[float, float]:
@@ -44,34 +44,6 @@ def write_summary(path: str | Path, summary: dict[str, Any]) -> None:
     """Write the summary atomically (never a half-written JSON); NaN and infinities as null."""
     text = json.dumps(strict_json(summary), indent=2, default=str, allow_nan=False) + "\n"
     atomic_write_bytes(path, lambda f: f.write(text.encode()))
-
-
-@lru_cache(maxsize=1)
-def summary_schema() -> dict[str, Any]:
-    """The JSON Schema of the run summary, shipped in the package (``summary.schema.json``)."""
-    return json.loads(resources.files(__package__).joinpath("summary.schema.json").read_text())
-
-
-def read_summary(path: str | Path) -> dict[str, Any]:
-    """Read a summary; the numbers the schema marks as measured (``num``) come back as NaN where null."""
-    data = json.loads(Path(path).read_text())
-    return _restore_nan(data, summary_schema(), summary_schema()["$defs"])
-
-
-def _restore_nan(value: Any, schema: dict[str, Any], defs: dict[str, Any]) -> Any:
-    ref = schema.get("$ref", "")
-    if ref == "#/$defs/num":
-        return float("nan") if value is None else value
-    if ref:
-        schema = defs[ref.rsplit("/", 1)[1]]
-    if isinstance(value, dict):
-        props, rest = schema.get("properties", {}), schema.get("additionalProperties")
-        return {k: _restore_nan(v, props.get(k, rest if isinstance(rest, dict) else {}), defs) for k, v in value.items()}
-    if isinstance(value, list):
-        prefix, items = schema.get("prefixItems", []), schema.get("items")
-        return [_restore_nan(v, prefix[i] if i < len(prefix) else items if isinstance(items, dict) else {}, defs)
-                for i, v in enumerate(value)]
-    return value
 
 
 def human(value: Any, unit: str = "") -> str:
