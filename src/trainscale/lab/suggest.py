@@ -30,28 +30,7 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     if cause == "communication" and ctx.get("fsdp"):
         return _fsdp_exchange(ctx)
     if cause == "communication":
-        bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
-        if isinstance(bucket, (int, float)) and bucket < 25 and calls != 1:
-            return (f"fuse gradients into bigger all-reduce buckets: --strategy.bucket_mb 25 (now {bucket:g}: "
-                    f"{calls or 'many'} small all-reduces per step, each paying the latency)", {"strategy.bucket_mb": "25"})
-        if not ctx.get("overlap", True):
-            return ("overlap the all-reduce with backward: --strategy.overlap true", {"strategy.overlap": "true"})
-        sent = float(ctx.get("bytes") or 0)
-        # Under ~1 MB a step's exchange costs its latency, not its bytes: sending half as much saves little and
-        # the casts cost compute (measured here: fp16 on a 340 KB MLP, 26% slower); exchange less often instead.
-        latency_bound = 0 < sent < LATENCY_BOUND_BYTES
-        if "compression" in sf and ctx.get("compression", "none") == "none" and sent >= LATENCY_BOUND_BYTES:
-            return (f"send less: --strategy.compression fp16 ({sent / 1e6:.1f} MB of gradients per step now)",
-                    {"strategy.compression": "fp16"})
-        if "local_sgd_period" in sf and not ctx.get("local_sgd_period"):
-            why = f"{sent / 1e3:.0f} KB per step is latency-bound; " if latency_bound else ""
-            return (f"synchronise less often: {why}--strategy.local_sgd_period 4 (parameters averaged every 4 steps; "
-                    "this changes the optimisation, so check the accuracy)",
-                    {"strategy.local_sgd_period": "4"})
-        batch = 2 * int(ctx.get("batch_size", 32))
-        return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
-                f"with a larger per-device batch (--batch-size {batch}, with --optim.lr_scaling linear)",
-                {"data.batch_size": str(batch)})
+        return _ddp_exchange(ctx, sf)
     if cause == "sync_wait":
         return ("make steps steadier, so that no rank keeps the others waiting: give each process cores of its own "
                 "(--job.threads so that threads x processes <= cores, taskset -c / numactl), keep other work off the "
@@ -86,6 +65,32 @@ def suggest(cause: str, ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
     if cause == "threads":
         return f"use --job.threads {ctx.get('threads')}", {"job.threads": str(ctx.get("threads"))}
     return "", {}
+
+
+def _ddp_exchange(ctx: dict[str, Any], sf: list[str]) -> tuple[str, dict[str, str]]:
+    """DDP's exchange: fuse small buckets, overlap, then send less, synchronise less often, or amortise it."""
+    bucket, calls = ctx.get("bucket_mb", 25.0), int(ctx.get("calls") or 0)
+    if isinstance(bucket, (int, float)) and bucket < 25 and calls != 1:
+        return (f"fuse gradients into bigger all-reduce buckets: --strategy.bucket_mb 25 (now {bucket:g}: "
+                f"{calls or 'many'} small all-reduces per step, each paying the latency)", {"strategy.bucket_mb": "25"})
+    if not ctx.get("overlap", True):
+        return ("overlap the all-reduce with backward: --strategy.overlap true", {"strategy.overlap": "true"})
+    sent = float(ctx.get("bytes") or 0)
+    # Under ~1 MB a step's exchange costs its latency, not its bytes: sending half as much saves little and
+    # the casts cost compute (measured here: fp16 on a 340 KB MLP, 26% slower); exchange less often instead.
+    latency_bound = 0 < sent < LATENCY_BOUND_BYTES
+    if "compression" in sf and ctx.get("compression", "none") == "none" and sent >= LATENCY_BOUND_BYTES:
+        return (f"send less: --strategy.compression fp16 ({sent / 1e6:.1f} MB of gradients per step now)",
+                {"strategy.compression": "fp16"})
+    if "local_sgd_period" in sf and not ctx.get("local_sgd_period"):
+        why = f"{sent / 1e3:.0f} KB per step is latency-bound; " if latency_bound else ""
+        return (f"synchronise less often: {why}--strategy.local_sgd_period 4 (parameters averaged every 4 steps; "
+                "this changes the optimisation, so check the accuracy)",
+                {"strategy.local_sgd_period": "4"})
+    batch = 2 * int(ctx.get("batch_size", 32))
+    return (f"gradients already travel in {calls or 'few'} bucket(s); amortise each exchange over more samples "
+            f"with a larger per-device batch (--batch-size {batch}, with --optim.lr_scaling linear)",
+            {"data.batch_size": str(batch)})
 
 
 def _fsdp_exchange(ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
