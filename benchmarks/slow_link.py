@@ -34,6 +34,9 @@ from typing import Any
 
 from _common import emit
 
+from trainscale.config import ConfigError
+from trainscale.config_io import int_list
+
 SUBNET = "10.77.0"  # only inside the namespaces made here: the addresses never reach this host's own stack
 JOB = ["--model", "mlp", "--data", "digits", "--data.batch_size", "32", "--log.progress", "none"]
 
@@ -226,6 +229,10 @@ def main() -> None:
     if a.steps < 4:
         raise SystemExit(f"slow_link: --steps {a.steps}: at least 4 (the first steps are not timed)")
     rate_gbps(a.rate)  # checked before any namespace is made
+    try:
+        widths = int_list(a.widths, "--widths", "comma-separated mlp widths >= 1, e.g. 256,1024,2048")
+    except ConfigError as e:
+        raise SystemExit(f"slow_link: {e}") from None
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         d = stack.enter_context(tempfile.TemporaryDirectory())
@@ -233,7 +240,7 @@ def main() -> None:
             link = stack.enter_context(slow_link(a.rate))
         except NamespaceError as e:
             raise SystemExit(f"slow_link: {e}") from None
-        for w in (int(x) for x in a.widths.split(",")):
+        for w in widths:
             job = [*JOB, "--model.width", str(w), "--steps", str(a.steps)]
             row: dict[str, Any] = {"width": w}
             for mode, extra in (("flat", []), ("hier", ["--strategy.hierarchical", "true"])):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -196,9 +196,3 @@ def cluster_fields(env: DistEnv) -> dict[str, Any]:
     """The run summary's node fields: nodes, processes per node (rank 0's node), and who placed the ranks."""
     return {"nodes": env.nnodes, "procs_per_node": env.local_world_size, "cluster_source": env.cluster_source}
 
-
-def env_summary(env: DistEnv) -> dict:
-    """JSON-friendly view of the environment."""
-    d = asdict(env)
-    d["device"] = str(env.device)
-    return d

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..about import available_cores as cores
-from ..config import ConfigError
+from ..config_io import int_list
 
 __all__ = ["parse_nproc_list", "machine_description", "cores"]
 
@@ -22,11 +22,4 @@ def machine_description() -> str:
 
 def parse_nproc_list(text: str) -> list[int]:
     """``"1,2,4"`` -> [1, 2, 4]; anything else is one clear error."""
-    accepted = "comma-separated process counts >= 1, e.g. 1,2,4"
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError("--nproc", text, accepted) from None
-    if not values or any(v < 1 for v in values):
-        raise ConfigError("--nproc", text, accepted)
-    return sorted(set(values))
+    return int_list(text, "--nproc", "comma-separated process counts >= 1, e.g. 1,2,4")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, load_config
+from ..config_io import int_list
 from ..costs.order_stats import predicted_update_time
 from ..log import logger, setup_logging
 
@@ -56,10 +57,7 @@ def main(argv: list[str]) -> int:
     base = load_config(rest)  # validates the overrides before Ray starts
     setup_logging(base.log.level, rank=0)
     out = Path(args.out or f"ps-{args.kind}")
-    try:
-        ps_values = [int(x) for x in args.learners.split(",")] if args.learners else None
-    except ValueError:
-        raise ConfigError("--learners", args.learners, "comma-separated integers, e.g. 2,4,8") from None
+    ps_values = int_list(args.learners, "--learners", "comma-separated integers, e.g. 2,4,8") if args.learners else None
     if args.seeds < 1:
         raise ConfigError("--seeds", args.seeds, "an integer >= 1 (3 or more for an interval)")
     from .record import PsError

@@ -175,10 +175,6 @@ class Policy:
         assert isinstance(self.k, int)
         return self.k
 
-    def in_flight(self) -> dict[int, tuple[int, int]]:
-        """``ticket -> (learner, version)`` of the work in flight."""
-        return {t: (w.learner, w.version) for t, w in self.busy.items()}
-
     def oldest_version(self) -> int:
         """The oldest version any pending or unfinished gradient was computed on (history to keep)."""
         versions = [w.version for w in self.busy.values()] + [g.version for g in self.buffer]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import ConfigError
+from ..config_io import int_list
 from ..nodes import add_node_options, follow, launcher_options, leading
 
 __all__ = ["main"]
@@ -42,17 +43,6 @@ examples:
   trainscale plan --params 8.03B --gpu name=H200,bf16=989T,mem=4.8TB/s --precision bf16 --samples-per-s-1 1.3 \\
       --batch-size 2 --intra nvlink4 --inter 3200Gb/s --framework-overhead fitted
 """
-
-
-def _ints(text: str, key: str) -> list[int]:
-    """``"1,2,4"`` -> [1, 2, 4] (sorted, unique); one clear error for anything else."""
-    try:
-        vals = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        vals = []
-    if not vals or min(vals) < 1:
-        raise ConfigError(key, text, "comma-separated integers >= 1, e.g. 1,2,4")
-    return sorted(set(vals))
 
 
 INTERFERENCE_HELP = ("also run the job at 1 and at each P process(es) with the gradient exchange off "
@@ -161,13 +151,13 @@ def _worlds(a: argparse.Namespace) -> list[int]:
     if a.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node", a.gpus_per_node, "must be >= 1")
     if a.world_size:
-        worlds = _ints(a.world_size, "--world-size")
+        worlds = int_list(a.world_size, "--world-size")
         for w in worlds:
             if w > a.gpus_per_node and w % a.gpus_per_node:
                 raise ConfigError("--world-size", w, f"does not divide into nodes of {a.gpus_per_node} devices; give at "
                                   f"most {a.gpus_per_node} or a multiple of --gpus-per-node")
         return worlds
-    return [a.gpus_per_node * n for n in _ints(a.nodes, "--nodes")]
+    return [a.gpus_per_node * n for n in int_list(a.nodes, "--nodes")]
 
 
 def _measured(text: str | None) -> dict[int, float]:
@@ -286,7 +276,7 @@ def _calibrate_main(argv: list[str]) -> int:
     p.add_argument("--interference", action="store_true", help=INTERFERENCE_HELP)
     add_node_options(p)
     a, rest = p.parse_known_args(argv)
-    nprocs = _ints(a.nproc, "--nproc")
+    nprocs = int_list(a.nproc, "--nproc")
     launcher = launcher_options(a)
     if Path(a.out).is_dir():
         raise ConfigError("--out", a.out, "is a folder; give a file path for the calibration JSON")
@@ -362,7 +352,7 @@ def _calibration(a: argparse.Namespace, rest: list[str]) -> Any:
     if rest:
         from .calibrate import calibrate
 
-        return calibrate(rest, [n for n in _ints(a.nproc, "--nproc") if n > 1] or [2], Path(a.out) / "calibration.json",
+        return calibrate(rest, [n for n in int_list(a.nproc, "--nproc") if n > 1] or [2], Path(a.out) / "calibration.json",
                          say=lambda m: print(m, file=sys.stderr, flush=True), interference=a.interference)
     return None
 
@@ -401,7 +391,7 @@ def _machine_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
     if cal is None:
         raise ConfigError("--gpu", None, "give a target --gpu (with --samples-per-s-1 or --calibration), or "
                           "--calibration FILE / train options to forecast this machine")
-    worlds = _ints(a.nproc, "--nproc")
+    worlds = int_list(a.nproc, "--nproc")
     cluster = cal.cluster(max(worlds))
     missing = [w for w in worlds if w > 1 and str(w) not in cal.allreduce]
     job = cal.base_job(cal.cores)
