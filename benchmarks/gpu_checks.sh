@@ -43,7 +43,7 @@ D)  # issue 26's accounting overhead on a quiet 16-core host, CUDA and CPU; issu
     step 25 python3 benchmarks/doctor_accounting_parts.py $v --chunks 200 --device cpu 2>&1 | grep '^{' | tee -a /tmp/d/parts.txt
   done
   for k in 1 2 3 4 5 6; do  # six harnesses at once (each with its own nice'd hog): the 16 cores kept busy
-    timeout -s TERM 200 python3 benchmarks/exit_stress.py --n 200 --logs /tmp/d/xs$k >/tmp/d/exit$k.json 2>/tmp/d/exit$k.err &
+    timeout -s TERM 200 python3 benchmarks/campaigns/exit_stress.py --n 200 --logs /tmp/d/xs$k >/tmp/d/exit$k.json 2>/tmp/d/exit$k.err &
   done
   wait; tail -n1 /tmp/d/exit*.json; tar czf "$OUT/d.tgz" -C /tmp d
   ;;
@@ -51,7 +51,7 @@ E)  # after the pipeline's Gloo-on-CUDA refusal: its test, then the exit harness
   step 150 python3 -m pytest -q -p no:cacheprovider tests/cuda -k "pipeline_over_gloo or two_processes" 2>&1 | tail -5
   mkdir -p /tmp/e
   for k in 1 2 3 4 5 6; do
-    timeout -s TERM 130 python3 benchmarks/exit_stress.py --n 200 --logs /tmp/e/xs$k >/tmp/e/exit$k.json 2>/tmp/e/exit$k.err &
+    timeout -s TERM 130 python3 benchmarks/campaigns/exit_stress.py --n 200 --logs /tmp/e/xs$k >/tmp/e/exit$k.json 2>/tmp/e/exit$k.err &
   done
   wait; tail -qn1 /tmp/e/exit*.json; tar czf "$OUT/e.tgz" -C /tmp e
   ;;

@@ -133,9 +133,9 @@ print("AFTER_END", gloo_threads(), flush=True)
 ], ids=["user-ends", "product-ends"])
 def test_every_launch_path_exits_clean_beside_a_cpu_hog(paths):
     # One 2-process launch of the paths with the most to end beside a nice'd CPU hog: no abort, no other failure.
-    # The harness at large N is benchmarks/exit_stress.py; counts in benchmarks/results/.
+    # The harness at large N is benchmarks/campaigns/exit_stress.py; counts in benchmarks/results/.
     import json
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "exit_stress.py"), "--n", "1", "--paths", paths,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "campaigns" / "exit_stress.py"), "--n", "1", "--paths", paths,
                         "--timeout", "100"], capture_output=True, text=True, timeout=230, cwd=REPO)
     assert p.returncode == 0, p.stderr
     counts = json.loads(p.stdout.strip().splitlines()[-1])["paths"]

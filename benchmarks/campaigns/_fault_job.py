@@ -1,6 +1,6 @@
 """The fault benchmark's job: a small MLP on the run API, with at most one fault from ``TRAINSCALE_BENCH_FAULT``.
 
-    TRAINSCALE_BENCH_FAULT=KIND:RANK:STEP:AMOUNT trainscale launch --nproc-per-node 2 benchmarks/_fault_job.py
+    TRAINSCALE_BENCH_FAULT=KIND:RANK:STEP:AMOUNT trainscale launch --nproc-per-node 2 benchmarks/campaigns/_fault_job.py
 
 KIND (rank RANK, from optimizer step STEP on, 1-based):
 

@@ -1,6 +1,6 @@
 """A user's script whose collate function costs 20 ms of CPU a batch, with no loader workers (the doctor's case 3).
 
-    trainscale doctor --nproc 2 -- python benchmarks/_slow_collate_job.py
+    trainscale doctor --nproc 2 -- python benchmarks/campaigns/_slow_collate_job.py
 
 Rank 0's last line is one JSON object: the step time, the data wait's share and the steps run.
 """

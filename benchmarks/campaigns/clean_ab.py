@@ -1,7 +1,7 @@
 """A/B of clean fault-job runs across source trees, alternated: per run, the share of scored windows (after the
 first two) whose ranks' own-time ratio is beyond 1.4x either way, and whether the summary has an episode.
 
-    python 2026-11-27-clean-ab.py N   # N rounds; the trees below must exist (git worktree add /tmp/old e77e1c1)
+    python benchmarks/campaigns/clean_ab.py N   # N rounds; the trees below must exist (git worktree add /tmp/old e77e1c1)
 """
 
 import json
@@ -17,12 +17,17 @@ JOB = ["--steps", "80", "--log.straggler_every", "5", "--job.timeout_s", "6", "-
        "--log.metrics", "false", "--data.eval_size", "0"]
 
 
+def _fault_job(tree: str) -> str:
+    """The fault job of a source tree: in benchmarks/campaigns/ since 2026-11-28, in benchmarks/ before."""
+    new = f"{tree}/benchmarks/campaigns/_fault_job.py"
+    return new if os.path.exists(new) else f"{tree}/benchmarks/_fault_job.py"
+
+
 def one(tree: str) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PYTHONPATH": f"{tree}/src", "TRAINSCALE_JSON": f"{d}/s.json",
                "TRAINSCALE_BENCH_WINDOWS": f"{d}/w.jsonl", "TRAINSCALE_BENCH_FAULT": ""}
-        cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", "2",
-               f"{tree}/benchmarks/_fault_job.py", *JOB]
+        cmd = [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", "2", _fault_job(tree), *JOB]
         subprocess.run(cmd, env=env, cwd=d, capture_output=True, timeout=120)
         with open(f"{d}/w.jsonl") as f:
             windows = [json.loads(line) for line in f]

@@ -8,10 +8,10 @@ Cases (each run ``--repeats`` times, one doctor run each):
 * ``membw``: a numpy loop copying 64 MB arrays, pinned to core 1, beside resnet18 (width 8, synthetic 32x32).
   Hit: the first clear cause is compute-side or CPU contention, never ``communication`` or ``input``.
 * ``collate``: a user's script whose collate function costs 20 ms a batch, no workers
-  (``benchmarks/_slow_collate_job.py``). Hit: ``bottleneck.name`` is ``input`` with ``share`` >= 0.5 and the
+  (``benchmarks/campaigns/_slow_collate_job.py``). Hit: ``bottleneck.name`` is ``input`` with ``share`` >= 0.5 and the
   advice says how to feed it faster.
 
-    PYTHONPATH=src python benchmarks/doctor_cases.py [--cases neighbour,membw,collate] [--repeats 3] [--keep DIR]
+    PYTHONPATH=src python benchmarks/campaigns/doctor_cases.py [--cases neighbour,membw,collate] [--repeats 3] [--keep DIR]
 
 Last stdout line: one JSON object with the hits per case.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from trainscale.jobs import communicate_or_kill
 from trainscale.signals import interrupt_on
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
 MEMBW = ("import numpy as np\nsrc = np.ones(8 << 20); dst = np.empty_like(src)\n"
          "while True:\n    np.copyto(dst, src); np.copyto(src, dst)\n")  # 64 MB arrays of float64
@@ -41,7 +41,7 @@ CASES = {
     "neighbour": (["taskset", "-c", "1", "sh", "-c", "while :; do :; done"], []),
     "membw": (["taskset", "-c", "1", sys.executable, "-c", MEMBW],
               ["--model", "resnet18", "--model.width", "8", "--data", "synthetic", "--data.image_size", "32"]),
-    "collate": (None, ["--", sys.executable, str(REPO / "benchmarks" / "_slow_collate_job.py")]),
+    "collate": (None, ["--", sys.executable, str(REPO / "benchmarks" / "campaigns" / "_slow_collate_job.py")]),
 }
 COMPUTE_SIDE = ("compute_interference", "straggler", "slow_operator", "framework_overhead", "threads",
                 "cpu_contention", "external_load", "sync_wait")

@@ -18,7 +18,7 @@ experiments (no ``--quick``). Last stdout line: one JSON object (also written to
 ``tests/lab/test_doctor_matrix.py`` runs this and asserts every cell (``TRAINSCALE_MATRIX=1``; about 80 min for
 the first three conditions, so over two hours for all five).
 
-    PYTHONPATH=src python benchmarks/doctor_matrix.py [--repeats 3]
+    PYTHONPATH=src python benchmarks/campaigns/doctor_matrix.py [--repeats 3]
         [--causes input,buckets,straggler,slow_op,clean] [--conditions quiet,hog,twin,bursty,membw]
         [--json PATH] [--keep DIR]
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 from trainscale.jobs import communicate_or_kill
 from trainscale.signals import interrupt_on
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests" / "lab"),
                                                     os.environ.get("PYTHONPATH", "")])}
 JOB = ["--data", "synthetic", "--data.image_size", "8", "--data.channels", "1", "--data.train_size", "512",
@@ -125,7 +125,7 @@ def main() -> None:
     p.add_argument("--causes", default=",".join(PLANTED), help=f"planted causes (default {','.join(PLANTED)})")
     p.add_argument("--conditions", default=",".join(CONDITIONS), help=f"background (default {','.join(CONDITIONS)})")
     p.add_argument("--json", type=Path, help="also write the result here")
-    p.add_argument("--keep", type=Path, help="keep each doctor's folder here (for benchmarks/doctor_reanalyse.py)")
+    p.add_argument("--keep", type=Path, help="keep each doctor's folder here (for benchmarks/campaigns/doctor_reanalyse.py)")
     a = p.parse_args()
     for name, given, known in (("--causes", a.causes, PLANTED), ("--conditions", a.conditions, CONDITIONS)):
         if unknown := [x for x in given.split(",") if x not in known]:

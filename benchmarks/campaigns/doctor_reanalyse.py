@@ -5,7 +5,7 @@ Each folder is a ``trainscale doctor --out DIR`` result; its ``runs/phases_n*_r*
 doctor read them, with the second-level experiments where it ran them (``sleep_*``, ``profile_*``,
 ``threads*_*``), and the causes are printed before (``doctor.json``) and after (the current analysis).
 
-    PYTHONPATH=src python benchmarks/doctor_reanalyse.py DIR [DIR ...]
+    PYTHONPATH=src python benchmarks/campaigns/doctor_reanalyse.py DIR [DIR ...]
 
 Last stdout line: one JSON object with each folder's top causes before and after.
 """

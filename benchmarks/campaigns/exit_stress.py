@@ -5,8 +5,8 @@ An abort is exit -6 / 134, or "terminate called" in the output (torchrun reports
 ``exitcode: -6``): a finished job reported as killed. The paths alternate launch by launch, so a change in the
 machine's load falls on every path alike. Last line: one JSON object with the counts per path.
 
-    python benchmarks/exit_stress.py --n 200
-    python benchmarks/exit_stress.py --n 20 --paths train,trainer --src /path/to/other/checkout/src
+    python benchmarks/campaigns/exit_stress.py --n 200
+    python benchmarks/campaigns/exit_stress.py --n 20 --paths train,trainer --src /path/to/other/checkout/src
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=200, help="launches per path")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
-    p.add_argument("--src", default=str(HERE.parent / "src"), help="the trainscale source tree to run")
+    p.add_argument("--src", default=str(HERE.parents[1] / "src"), help="the trainscale source tree to run")
     p.add_argument("--timeout", type=float, default=180, help="seconds per launch")
     p.add_argument("--no-hog", action="store_true", help="no CPU hog beside the launches")
     p.add_argument("--logs", default="", help="folder for the output of every failed launch")

@@ -41,7 +41,7 @@ SIGTERM or Ctrl-C lets the run under way end, then prints the summary of the run
 
 Last line: one JSON object (``runs``, ``accuracy``, ``wilson_low``/``wilson_high``, ``false_alarm_rate``,
 ``median_detection_steps``, ``median_detection_s``, ``overhead_ratio``, ``unknown``, ...).
-Run: python benchmarks/fault_localisation.py --runs 6 [--seed 0 --out runs.jsonl --max-nproc 2]
+Run: python benchmarks/campaigns/fault_localisation.py --runs 6 [--seed 0 --out runs.jsonl --max-nproc 2]
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def run_job(r: Run, timeout_s: float, extra: list[str], windows: bool = False) -
 
     with tempfile.TemporaryDirectory() as d:
         # The jobs run in a temporary directory: they import this tree's package, whatever PYTHONPATH held.
-        path = os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])
+        path = os.pathsep.join([str(HERE.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])
         env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TRAINSCALE_JSON": f"{d}/s.json",
                "TRAINSCALE_BENCH_ONSET": f"{d}/onset", "TRAINSCALE_BENCH_TIMES": d,
                "TRAINSCALE_BENCH_FAULT": f"{r.kind}:{r.rank}:{r.step}:{r.amount}" if r.kind else "",
@@ -334,11 +334,11 @@ def overhead(chunks: int) -> dict[str, Any]:
     """``straggler_monitor.py``'s same-run on/off measurement of the monitor (its toggled run only)."""
     if chunks <= 0:
         return {"overhead_ratio": None}
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent))  # the benchmarks' shared helpers
     from _common import launch_self
     from doctor_accounting import summary
 
-    r = launch_self(str(HERE / "straggler_monitor.py"), ["--chunks", str(chunks)])
+    r = launch_self(str(HERE.parent / "straggler_monitor.py"), ["--chunks", str(chunks)])
     s = summary(r["inside"], "chunk")
     return {"overhead_ratio": s["ratio"], "overhead_ci90": [s["lo"], s["hi"]], "overhead_pairs": s["pairs"],
             "overhead_step_off_s": s["step_off_s"]}

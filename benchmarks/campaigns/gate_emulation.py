@@ -1,7 +1,7 @@
 """Replay the fault benchmark's saved windows as if a rank's wait for a CPU counted only while something outside
 the job's ranks took CPU on its host (a neighbour or a CPU quota from the fault's onset; nothing in clean runs).
 
-    python benchmarks/results/raw/2026-11-27-gate-emulation.py base|gate THRESHOLD FILE...
+    python benchmarks/campaigns/gate_emulation.py base|gate THRESHOLD FILE...
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[2]))
-sys.path.insert(0, str(HERE.parents[3] / "src"))
+sys.path.insert(0, str(HERE.parent))  # straggler_replay, beside this script
+sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 import straggler_replay as replay  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Replay seeds 51-57's saved windows with the gate emulated: others used 1 core of the host from a neighbour's or
 quota's onset, none otherwise (the column a live run records).
 
-    python benchmarks/results/raw/2026-11-27-gate-emulation-cores.py FILES
+    python benchmarks/campaigns/gate_emulation_cores.py FILES
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[2]))
-sys.path.insert(0, str(HERE.parents[3] / "src"))
+sys.path.insert(0, str(HERE.parent))  # straggler_replay, beside this script
+sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 import straggler_replay as replay  # noqa: E402
 

@@ -7,7 +7,7 @@ measurement. Rounds alternate the order of P; medians are compared.
 The load other programs put on the host is recorded beside each measurement (psutil). Output contract: the last
 stdout line is one JSON object ({"cases": [...], "mean_abs_error": ..., "within_15pct": ...}).
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--repeat 2]
+    PYTHONPATH=src python benchmarks/campaigns/plan_accuracy.py [--repeat 2]
 """
 
 from __future__ import annotations

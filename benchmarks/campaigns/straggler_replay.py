@@ -2,9 +2,9 @@
 settings: how many faults each names with the right rank and cause, and how many clean runs it calls slow,
 without running the jobs again.
 
-    python benchmarks/fault_localisation.py --runs 24 --kinds sleep,data,neighbour,quota,gc --overhead-chunks 0 \\
+    python benchmarks/campaigns/fault_localisation.py --runs 24 --kinds sleep,data,neighbour,quota,gc --overhead-chunks 0 \\
         --out runs.jsonl --windows
-    python benchmarks/straggler_replay.py runs.jsonl --drift 1.4 --threshold 0.5
+    python benchmarks/campaigns/straggler_replay.py runs.jsonl --drift 1.4 --threshold 0.5
 
 With ``--windows`` each line of the benchmark's ``--out`` file holds, beside the run's truth, every window rank 0
 scored (per rank: the window's last step and its median compute, data wait and run-queue wait over
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_localisation as bench  # noqa: E402

@@ -5,7 +5,7 @@ core between them and its context switches per second (voluntary: it slept; non-
 the last line is the same as one JSON object. The exit status is the command's.
 benchmarks/results/2026-11-24-plan-accuracy.md uses it to split mlp's CPU per step at P ranks into the main thread and Gloo's threads::
 
-    python benchmarks/thread_cpu.py 6 14 -- trainscale train --nproc 4 --model mlp --data digits --steps 2000
+    python benchmarks/campaigns/thread_cpu.py 6 14 -- trainscale train --nproc 4 --model mlp --data digits --steps 2000
 
 Linux only (/proc). Python threads are all named like the process ("python"); the thread id tells them apart.
 """

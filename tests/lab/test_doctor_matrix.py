@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow,
 def test_every_planted_cause_is_named_first_under_every_condition(tmp_path):
     repeats = os.environ.get("TRAINSCALE_MATRIX_REPEATS", "3")
     out = Path(os.environ.get("TRAINSCALE_MATRIX_JSON") or tmp_path / "matrix.json")
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "doctor_matrix.py"), "--repeats", repeats,
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "campaigns" / "doctor_matrix.py"), "--repeats", repeats,
                         "--json", str(out)], env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=False)
     assert r.returncode == 0
     result = json.loads(out.read_text())

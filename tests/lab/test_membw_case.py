@@ -1,6 +1,6 @@
 """The doctor's accounting rules on a real run's per-step series: a memory-bandwidth neighbour on one core.
 
-The fixture is one doctor run of ``benchmarks/doctor_cases.py membw`` (2 processes, resnet18 width 8 beside a
+The fixture is one doctor run of ``benchmarks/campaigns/doctor_cases.py membw`` (2 processes, resnet18 width 8 beside a
 numpy loop copying 64 MB arrays pinned to core 1), its phased and sleep-test runs as the analysis reads them.
 The analysis of the wave before the accounting named no clear cause (``external_load`` undecided at 17.2 ms)
 and its causes summed to 40.6 ms of a 50.7 ms loss without saying so; these tests fail on it.

@@ -83,7 +83,7 @@ def test_the_launcher_names_the_failed_rank_not_the_peer_that_lost_its_connectio
     assert _failure_text(err) == f"rank 1 failed: {planted}"
 
 
-# What faulthandler wrote for rank 0 when Gloo aborted it (benchmarks/_fault_job.py, rank 1 skipping the metric
+# What faulthandler wrote for rank 0 when Gloo aborted it (benchmarks/campaigns/_fault_job.py, rank 1 skipping the metric
 # all-reduce; torchrun --log-dir kept it), with this machine's folders put back in.
 ABORTED = """Fatal Python error: Aborted
 

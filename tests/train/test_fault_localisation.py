@@ -1,4 +1,4 @@
-"""A small sample of the labelled fault benchmark (benchmarks/fault_localisation.py): a slowed rank, a rank whose
+"""A small sample of the labelled fault benchmark (benchmarks/campaigns/fault_localisation.py): a slowed rank, a rank whose
 data is slow and a stopped rank, each on a random rank from a random step, and one clean run (the killed rank and
 the mismatched collectives are in the benchmark; their naming has unit tests in tests/survive/test_units.py, the
 skipped collective's on a real faulthandler dump of a rank Gloo aborted).
@@ -31,7 +31,7 @@ def test_a_small_sample_of_faults_is_named_with_rank_and_class(tmp_path):
     # Seed 22: rank 0 sleeps 14.7 ms a step from step 30, rank 1's batches come 24 ms late from step 25, rank 0
     # stops at step 27. Beside a busy machine the monitor's threshold grows with the ranks' noise, and a 4.6 ms
     # sleep (seed 7) went unnamed beside a CPU hog; the benchmark covers the whole range.
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fault_localisation.py"), "--runs", "3",
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "campaigns" / "fault_localisation.py"), "--runs", "3",
                         "--kinds", "sleep,data,stop", "--seed", "22", "--overhead-chunks", "0",
                         "--out", str(out), "--timeout", "60"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

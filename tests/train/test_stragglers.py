@@ -285,7 +285,7 @@ def test_replayed_on_the_windows_of_real_faulty_runs_the_right_rank_and_cause_ar
     """The windows rank 0 scored in 24 injected and 24 clean runs of the fault job on this 2-core VM, quiet and beside
     a nice'd busy loop (benchmarks/results/2026-11-27-straggler-own-time.md), through today's detector."""
     raw = REPO / "benchmarks" / "results" / "raw" / f"2026-11-27-straggler-windows-{where}.jsonl"
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "straggler_replay.py"), str(raw)],
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "campaigns" / "straggler_replay.py"), str(raw)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])

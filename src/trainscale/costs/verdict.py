@@ -11,7 +11,7 @@ from .forecast import Point
 
 __all__ = ["NOT_MODELLED", "gaps", "PLANNER_ERROR"]
 
-# The planner's own error measured on this kind of machine (benchmarks/plan_accuracy.py, benchmarks/results/2026-11-24-plan-accuracy.md).
+# The planner's own error measured on this kind of machine (benchmarks/campaigns/plan_accuracy.py, benchmarks/results/2026-11-24-plan-accuracy.md).
 PLANNER_ERROR = 0.15
 
 NOT_MODELLED = ("an operator that slows down only on many devices", "host scheduling overhead (an operator scheduler's "
