@@ -4,6 +4,7 @@ doctor result it writes is checked against the doctor's accounting rules (``trai
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,27 @@ def check_doctor_file(path: Path) -> None:
         from trainscale.lab.invariants import violations
         bad = violations(doc)
         assert not bad, f"{path}: the doctor's accounting rules are broken: {bad}"
+        assert doc.get("decomposition"), f"{path}: no decomposition of the scaling loss"
+        report = Path(path).with_name("doctor.md")
+        if report.is_file():
+            bad_shares = printed_shares_out_of_range(report.read_text())
+            assert not bad_shares, f"{report}: shares printed outside 0-100%: {bad_shares}"
+
+
+def printed_shares_out_of_range(md: str) -> list[str]:
+    """Every share of the scaling loss a doctor report prints (its causes table's share column, "N% of the
+    scaling loss", the composition line's "(N%)") that is above 100% or below 0."""
+    found = re.findall(r"(-?\d+)% of the scaling loss", md)
+    found += [x for line in md.splitlines() if line.startswith("The scaling loss, ")
+              for x in re.findall(r"\((-?\d+)%\)", line)]
+    lines = md.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| # | cause | ms/step | share of loss |"):
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                found += re.findall(r"^(-?\d+)%$", row.split("|")[4].strip())
+    return [f"{x}%" for x in found if not 0 <= int(x) <= 100]
 
 
 def check_tree(folder: Path) -> int:

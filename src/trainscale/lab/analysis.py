@@ -19,6 +19,7 @@ from .bottleneck import bottleneck
 from .causes import Runs
 from .contention import confounded_by_load, cpu_contention, external_load, loader_competes
 from .decompose import COMM_OPS, CONFIGS, measure, measured_exchange, op_excess
+from .decomposition import decompose, what_if
 from .invariants import explain_rest, violations, widen_to_point
 from .stats import median
 
@@ -88,5 +89,6 @@ def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, mi
               "bottleneck": bottleneck(runs[("base", n)], runs.get(("base", 1), []), n, ctx,
                                        runs.get(("no_data", n)), runs.get(("no_data", 1)))}
     explain_rest(result)
+    result["decomposition"], result["what_if"] = decompose(result), what_if(result)
     result["invariants"] = violations(result)
     return result

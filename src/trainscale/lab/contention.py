@@ -126,7 +126,9 @@ def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:
     demand = n * (threads + workers)
     return {"outside": ext.get("top", [])[:5],  # the load monitor lists only processes over its min_cores
             "outside_cores": ext.get("cores") or 0.0, "job_threads": demand, "cores": cores,
-            "oversubscribed": bool(cores and demand > cores)}
+            "oversubscribed": bool(cores and demand > cores),
+            # Gloo (any CPU device) runs each collective on threads of the rank's own, beside its compute threads.
+            "exchange_on_cpu": ctx.get("backend") == "gloo" or ctx.get("device") == "cpu"}
 
 
 def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[float]) -> str:
@@ -150,8 +152,26 @@ def _contention_advice(ctx: dict[str, Any], n: int) -> tuple[str, dict[str, str]
         fit = max(1, w["cores"] // n - int(ctx.get("workers") or 0))
         return (f"the job oversubscribes the cores: --job.threads {fit} (so that processes x threads + workers <= "
                 f"{w['cores']} cores)", {"job.threads": str(fit)})
+    if w["exchange_on_cpu"]:
+        return _own_exchange_advice(ctx, n, w)
     return ("the ranks wait for a core though nothing else seems to run: check the cores this job may use "
             "(taskset -p, the container's CPU quota)", {})
+
+
+def _own_exchange_advice(ctx: dict[str, Any], n: int, w: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """Nothing outside and no more compute threads than cores: the job's own exchange threads take the cores.
+
+    Gloo runs each all-reduce on CPU threads of the rank's own, runnable while the compute threads are; 2 ranks
+    with 1 thread each on 2 cores put 4 runnable threads on 2 cores in every exchange that overlaps backward.
+    """
+    threads = int(ctx.get("threads") or 1)
+    who = (f"the job's own exchange threads: Gloo runs each all-reduce on CPU threads, which compete with the "
+           f"{w['job_threads']} compute thread(s) of its {n} processes for {w['cores']} cores")
+    if threads > 1:
+        return (f"the ranks wait for cores held by {who}; leave each process a core for its exchange: "
+                f"--job.threads {threads - 1}", {})  # advice: thread counts are measured in their own what-if
+    return (f"the ranks wait for cores held by {who}; give each process a core for its exchange (fewer processes "
+            f"than cores), or exchange less often (--strategy.grad_accum 2)", {})
 
 
 def external_load(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, base_n: dict[str, Any],

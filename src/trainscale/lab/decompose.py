@@ -147,7 +147,8 @@ def measure(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
     causes.append(_interference(tm, ctx, compute_r, slow_s, have_sleep))
     if threads:
         causes.append(_threads(tm, ctx, threads))
-    measured = cpu_contention(causes, {**ctx, "threads": base_n.get("threads")}, n, runs[("base", 1)][:tm.R],
+    own = {"threads": base_n.get("threads"), "backend": base_n.get("backend"), "device": base_n.get("device")}
+    measured = cpu_contention(causes, {**ctx, **own}, n, runs[("base", 1)][:tm.R],
                               runs[("base", n)][:tm.R], tm.se, tm.loss)
     if not measured:  # no run-queue accounting in these runs: the time-sharing model is the last resort
         external_load(causes, ctx, n, base_n, runs[("base", 1)][0], tm.t["no_comm", n])

@@ -16,6 +16,7 @@ from rich.table import Table
 from ..reporting import figure, save, write_reports
 from ..reporting.console import console
 from .analysis import CONFIGS
+from .decomposition import WHAT_IF, decompose, share_text
 from .neighbours import describe
 from .ranks import plot_ranks
 from .stats import median
@@ -33,13 +34,22 @@ def _table(res: dict[str, Any]) -> Table:
         ("verdict", "left"))
     for col, j in columns:
         t.add_column(col, justify=j)
-    for i, c in enumerate(res["causes"], 1):
+    for i, c in enumerate(_parts(res), 1):
         v = c["seconds_per_step"]
         t.add_row(str(i) if c["significant"] else "-", c["name"] + (f" (rank {c['rank']})" if c["name"] ==
                   "straggler" and c["verdict"] != "no" else ""),
-                  f"{v * 1e3:+.3f}" if math.isfinite(v) else "-",
-                  f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", _interval_ms(c), c["verdict"])
+                  f"{v * 1e3:+.3f}" if math.isfinite(v) else "-", share_text(c, res), _interval_ms(c), c["verdict"])
     return t
+
+
+def _parts(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The causes that are parts of the measured loss (the what-if experiments are reported apart)."""
+    return [c for c in res["causes"] if c["name"] not in WHAT_IF]
+
+
+def _top(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The first clear part of the loss: the one change the report leads with."""
+    return next((c for c in _parts(doc) if c["significant"]), None)
 
 
 def _interval_ms(c: dict[str, Any]) -> str:
@@ -49,7 +59,7 @@ def _interval_ms(c: dict[str, Any]) -> str:
 
 def write_plots(res: dict[str, Any], lab_log: list[dict[str, Any]], runs: dict[tuple[str, int], list[dict[str, Any]]],
            out: Path, n: int) -> None:
-    causes = [c for c in res["causes"] if math.isfinite(c["seconds_per_step"])]
+    causes = [c for c in _parts(res) if math.isfinite(c["seconds_per_step"])]
     fig, ax = figure(6.5, 3.8)
     names = [c["name"] for c in causes][::-1]
     vals = [c["seconds_per_step"] * 1e3 for c in causes][::-1]
@@ -137,7 +147,7 @@ def bottleneck_first(doc: dict[str, Any]) -> bool:
     b = doc.get("bottleneck") or {}
     if not b.get("name") or not math.isfinite(b.get("share", math.nan)):
         return False
-    top = next((c for c in doc["causes"] if c["significant"]), None)
+    top = _top(doc)
     loss_share = doc["scaling_loss_s"] / doc["step_time_n_s"] if doc.get("step_time_n_s") else 0.0
     return top is None or b["share"] > loss_share
 
@@ -149,40 +159,112 @@ def _bottleneck_line(doc: dict[str, Any]) -> str:
 
 
 def _headline(doc: dict[str, Any]) -> list[tuple]:
-    """The report's opening: what matters more first (the bound on the step, or the top scaling cause with its
-    share and interval), then the other, the change to copy, the applied verdict."""
-    blocks = _scaling_headline(doc)
-    if doc.get("bottleneck", {}).get("name"):
-        line = ("p", _bottleneck_line(doc))
-        blocks = [line, *blocks] if bottleneck_first(doc) else [*blocks, line]
-    if doc.get("unexplained_beyond_noise"):
-        blocks.append(("p", f"Unexplained: {doc['unexplained_s'] * 1e3:+.3f} ms/step of the scaling loss is in no "
-                            "cause (the causes' medians do not add up exactly, or a cost none of the experiments "
-                            "isolates)."))
+    """The report's first screen, in the order a user asks: what bounds the step at N, what the scaling loss is
+    made of, then the one change to make and what it is measured to give."""
+    blocks: list[tuple] = [("p", _bottleneck_line(doc))] if doc.get("bottleneck", {}).get("name") else []
+    blocks += [("p", _composition_line(doc)), *_scaling_headline(doc)]
     if doc.get("apply") and doc["apply"].get("decision"):
         blocks.append(("p", f"Applied: {doc['apply']['text']}"))
     return blocks
 
 
+def _composition_line(doc: dict[str, Any]) -> str:
+    """The scaling loss as parts that add up to it: the causes that matter, the others together, and the rest
+    (noise and what no experiment isolates), each part in ms with its share or what it is instead."""
+    d = doc.get("decomposition") or decompose(doc)
+    loss, noise = d["loss_s"], d["noise_s"]
+    by = {c["name"]: c for c in doc["causes"]}
+    shown = [p for p in d["parts"] if by[p["name"]]["verdict"] in ("clear", "likely")
+             or abs(p["s"]) > max(noise, 0.1 * abs(loss))]
+    others = [p for p in d["parts"] if p not in shown]
+    items = [f"{p['name'].replace('_', ' ')} {p['s'] * 1e3:+.3f} ms ({share_text(by[p['name']], doc)})" for p in shown]
+    if others:
+        items.append(f"{len(others)} other cause(s) {sum(p['s'] for p in others) * 1e3:+.3f} ms")
+    items.append(f"noise and unexplained {d['rest_s'] * 1e3:+.3f} ms")
+    within = "" if doc.get("scaling_loss_significant") else ", within its noise"
+    return (f"The scaling loss, {loss * 1e3:+.3f} ms/step from 1 to {doc['nproc']} processes (noise "
+            f"{noise * 1e3:.3f} ms{within}), is made of: " + "; ".join(items) + ".")
+
+
+def _share_phrase(top: dict[str, Any], doc: dict[str, Any]) -> str:
+    """What part of the loss the top cause is, in words: a share, or what it is when it is not one."""
+    text = share_text(top, doc)
+    loss = f"{doc['scaling_loss_s'] * 1e3:+.3f} ms"
+    if text.endswith("%"):
+        return f"{text} of the scaling loss"
+    if text == "-":  # no loss (a job that scales superlinearly) leaves nothing to take a share of: never "nan%"
+        return f"with no scaling loss to share (efficiency {doc['efficiency']:.0%})"
+    if text.startswith("all"):
+        return f"all of the scaling loss ({loss}; the estimate is above it within the noise of both)"
+    return f"more than the whole scaling loss ({loss}: other parts made the step faster)"
+
+
 def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
     """The scaling verdict: the top cause with its share and interval and the change to copy, or that none is clear."""
-    top = next((c for c in doc["causes"] if c["significant"]), None)
+    top = _top(doc)
     if top is None:
-        likely = [c["name"] for c in doc["causes"] if c["verdict"] in ("likely", "undecided")]
-        blocks = [("p", f"Verdict: no cause is clear above the measured noise (scaling loss "
-                        f"{doc['scaling_loss_s'] * 1e3:+.3f} ms/step, efficiency {doc['efficiency']:.0%})."
-                        + (f" Not decided yet: {', '.join(likely)}; raise --repeat or --budget." if likely else
-                           " Nothing to change for scaling."))]
-    else:
-        name = top["name"] + (f" (rank {top['rank']})" if top["name"] == "straggler" else "")
-        # No loss (a job that scales superlinearly) leaves nothing to take a share of: say so, never "nan%".
-        share = (f"{top['share']:.0%} of the scaling loss" if math.isfinite(top["share"]) else
-                 f"with no scaling loss to share (efficiency {doc['efficiency']:.0%})")
-        blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, {share} "
-                        f"(90% interval {_interval_ms(top)} ms), "
-                        f"{top['verdict']}. {top['evidence']}."),
-                  ("p", "Change:" if top["apply_flags"] else "What to do:"), ("pre", _change(doc, top))]
+        likely = [c["name"] for c in _parts(doc) if c["verdict"] in ("likely", "undecided")]
+        return [("p", f"Verdict: no cause is clear above the measured noise (scaling loss "
+                      f"{doc['scaling_loss_s'] * 1e3:+.3f} ms/step, efficiency {doc['efficiency']:.0%})."
+                      + (f" Not decided yet: {', '.join(likely)}; raise --repeat or --budget." if likely else
+                         " Nothing to change for scaling."))]
+    name = top["name"] + (f" (rank {top['rank']})" if top["name"] == "straggler" else "")
+    blocks = [("p", f"Verdict: {name} costs {top['seconds_per_step'] * 1e3:+.3f} ms/step, {_share_phrase(top, doc)} "
+                    f"(90% interval {_interval_ms(top)} ms), "
+                    f"{top['verdict']}. {top['evidence']}."),
+              ("p", "Change:" if top["apply_flags"] else "What to do:"), ("pre", _change(doc, top))]
+    if top["apply_flags"] and not (doc.get("apply") or {}).get("decision"):
+        blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
+                            "processes, the size of the part it removes; --apply runs the change and measures it."))
     return blocks
+
+
+def _what_if_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """The experiments that tried another configuration (not parts of the loss), each with its measured gain."""
+    rows = [[w["name"], w["suggestion"], f"{w['gain_s'] * 1e3:+.3f} ms/step "
+             f"({w['gain']:+.1%} of the step at {doc['nproc']})" if math.isfinite(w["gain"]) else "-",
+             w["verdict"], w["evidence"]] for w in doc.get("what_if") or []]
+    a = doc.get("apply") or {}
+    if a.get("cause"):
+        rows.append(["--apply", " ".join(f"--{k} {v}" for k, v in a["flags"].items()),
+                     f"{a['gain']:+.1%} samples/s", a["decision"], a["text"]])
+    return rows
+
+
+def _cause_row(i: int, c: dict[str, Any], res: dict[str, Any]) -> list[Any]:
+    """One row of the causes table. The share column holds shares only (0-100%); a part above the loss or below
+    zero shows "-" there and says what it is at the head of its evidence."""
+    share = share_text(c, res)
+    odd = not share.endswith("%") and share != "-"
+    return [i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
+            share if not odd else "-", _interval_ms(c), ", ".join(f"{v * 1e3:+.2f}" for v in c["per_repeat_s"]),
+            c["verdict"], (f"({share}) " if odd else "") + c["evidence"]]
+
+
+def _result_blocks(res: dict[str, Any]) -> list[tuple]:
+    """The analysis in full: step times, every part of the loss, the what-if experiments, the plots."""
+    blocks: list[tuple] = [
+        ("p", f"Step time {res['step_time_1_s'] * 1e3:.3f} ms at 1 process, {res['step_time_n_s'] * 1e3:.3f}"
+              f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
+              f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."
+              + _superlinear(res)),
+        ("h2", "Causes"),
+        ("table", ["#", "cause", "ms/step", "share of loss", "90% interval (ms)", "per repeat (ms)", "verdict",
+                   "evidence"],
+         [_cause_row(i, c, res) for i, c in enumerate(_parts(res), 1)]),
+        ("p", _sureness(res))]
+    if rows := _what_if_rows(res):
+        blocks += [("h2", "What-if experiments"),
+                   ("p", "Other configurations tried, not parts of the measured loss: each gain is measured."),
+                   ("table", ["experiment", "change", "measured gain", "verdict", "evidence"], rows)]
+    return blocks + [
+        ("h2", "Suggestions"),
+        ("table", ["cause", "suggestion"], [[c["name"], c["suggestion"]] for c in _parts(res) if c["significant"]]
+         or [["-", "no cause above noise: nothing to change"]]),
+        ("img", PLOTS[2], "Each rank's step at N processes beside the 1-process step (medians of the base phase; "
+                          "error bar: range of the step time over repeats)"),
+        ("img", PLOTS[0], "Each cause in ms per step with its 90% interval; the dashed line is the total loss"),
+        ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes (range over runs)")]
 
 
 def write_report(out: Path, doc: dict[str, Any]) -> None:
@@ -197,27 +279,7 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     if doc.get("external"):
         blocks.append(("p", _external_text(doc["external"])))
     if res:
-        blocks += [("p", f"Step time {res['step_time_1_s'] * 1e3:.3f} ms at 1 process, {res['step_time_n_s'] * 1e3:.3f}"
-                         f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
-                         f"(noise {res['scaling_loss_noise_s'] * 1e3:.3f} ms), efficiency {res['efficiency']:.1%}."
-                         + _superlinear(res)),
-                   ("h2", "Causes"),
-                   ("table", ["#", "cause", "ms/step", "share of loss", "90% interval (ms)", "per repeat (ms)",
-                              "verdict", "evidence"],
-                    [[i if c["significant"] else "-", c["name"], f"{c['seconds_per_step'] * 1e3:+.3f}",
-                      f"{c['share']:.0%}" if math.isfinite(c["share"]) else "-", _interval_ms(c),
-                      ", ".join(f"{v * 1e3:+.2f}" for v in c["per_repeat_s"]), c["verdict"],
-                      c["evidence"]] for i, c in enumerate(res["causes"], 1)]),
-                   ("p", _sureness(res)),
-                   ("h2", "Suggestions"),
-                   ("table", ["cause", "suggestion"],
-                    [[c["name"], c["suggestion"]] for c in res["causes"] if c["significant"]] or
-                    [["-", "no cause above noise: nothing to change"]]),
-                   ("img", PLOTS[2], "Each rank's step at N processes beside the 1-process step (medians of the "
-                                     "base phase; error bar: range of the step time over repeats)"),
-                   ("img", PLOTS[0], "Each cause in ms per step with its 90% interval; the dashed line is the total "
-                                     "loss"),
-                   ("img", PLOTS[1], "Median step time of each experiment at 1 and N processes (range over runs)")]
+        blocks += _result_blocks(res)
     if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
         blocks += [("h2", "Applied"), ("p", doc["apply"]["text"])]
     if doc.get("error"):
@@ -242,22 +304,21 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     write_reports(out, "doctor", "trainscale doctor", blocks)
 
 
-
-
 def print_result(doc: dict[str, Any]) -> None:
-    """The console's account of a finished diagnosis: what bounds the step, the causes, the change to copy."""
-    b_first = bool(doc.get("bottleneck", {}).get("name")) and bottleneck_first(doc)
-    if b_first:
+    """The console's account of a finished diagnosis: what bounds the step, what the loss is made of, the causes,
+    the change to copy, then the what-if experiments."""
+    if doc.get("bottleneck", {}).get("name"):
         console.print(_bottleneck_line(doc), highlight=False)
+    console.print(_composition_line(doc), highlight=False)
     console.print(_table(doc))
-    for i, c in enumerate([c for c in doc["causes"] if c["significant"]], 1):
+    for i, c in enumerate([c for c in _parts(doc) if c["significant"]], 1):
         console.print(f"{i}. [bold]{c['name']}[/bold]: {c['evidence']}\n   -> {c['suggestion']}", highlight=False)
         if i == 1 and c["apply_flags"]:
             console.print(f"   change: {_change(doc, c)}", markup=False, highlight=False)
-    if not any(c["significant"] for c in doc["causes"]):
+    if not any(c["significant"] for c in _parts(doc)):
         console.print("no cause above the measured noise" + ("" if doc["scaling_loss_significant"] else
                       " (the scaling loss itself is within noise)"))
-    if doc.get("bottleneck", {}).get("name") and not b_first:
-        console.print(_bottleneck_line(doc), highlight=False)
+    for row in _what_if_rows(doc):
+        console.print(f"what-if {row[0]} ({row[1]}): {row[2]}, {row[3]}", markup=False, highlight=False)
     if doc.get("apply"):
         console.print(f"applied: {doc['apply']['text']}", highlight=False)

@@ -4,6 +4,8 @@
 2. The additive causes sum to the measured scaling loss, or the result says how much is unexplained.
 3. A cause that moved time into another says so in both rows, with the same amount.
 4. The bottleneck's shares of the step add up to 1.
+5. The decomposition's parts and its rest (noise and unexplained) add up to the scaling loss, and every share it
+   gives lies between 0 and 1 (a part above the loss or below zero is named as such, never as a share).
 
 ``violations(result)`` lists what breaks a rule (empty when the accounting is honest).
 """
@@ -68,9 +70,24 @@ def violations(result: dict[str, Any]) -> list[str]:
             bad.append("the causes and the unexplained rest do not add up to the scaling loss")
     elif _finite(result.get("scaling_loss_s")):
         bad.append("no unexplained_s: the result does not say how much of the loss its causes leave over")
+    bad += _decomposition_breaks(result.get("decomposition"))
     b = result.get("bottleneck")
     if b and b.get("shares"):
         s = sum(v for v in b["shares"].values() if _finite(v))
         if abs(s - 1.0) > 1e-6:
             bad.append(f"bottleneck shares add up to {s:.4f}, not 1")
+    return bad
+
+
+def _decomposition_breaks(d: dict[str, Any] | None) -> list[str]:
+    """Rule 5: the parts and the rest sum to the loss; no share outside 0..1."""
+    if not d or not _finite(d.get("loss_s")):
+        return []
+    bad = []
+    total = sum(p["s"] for p in d["parts"]) + d["rest_s"]
+    if abs(total - d["loss_s"]) > 1e-9:
+        bad.append(f"the decomposition's parts and rest add up to {total * 1e3:+.3f} ms, not the scaling loss "
+                   f"{d['loss_s'] * 1e3:+.3f} ms")
+    bad += [f"{p['name']}: share {p['share']:.3f} outside 0..1" for p in d["parts"]
+            if p.get("share") is not None and not -_EPS <= p["share"] <= 1 + _EPS]
     return bad

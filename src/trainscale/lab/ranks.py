@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..reporting import figure, legend_below, save
-from ..schema import Col
+from ..schema import Col, cell
 from .stats import median
 
 __all__ = ["rank_segments", "plot_ranks", "plot_timeline", "SEGMENTS"]
 
-SEGMENTS = ("data wait", "forward+backward", "waiting for the slowest rank", "rest of the step")
+SEGMENTS = ("data wait", "forward+backward", "waiting for the slowest rank", "exchange", "rest of the step")
 
 
 def _wait(s: dict[str, Any], rank: int) -> float:
@@ -35,11 +35,21 @@ def _wait(s: dict[str, Any], rank: int) -> float:
     return float(s.get("data_wait_frac") or 0.0) * s["step_time_s"]
 
 
+def _exposed(s: dict[str, Any], rank: int) -> float:
+    """Median exposed exchange wait per step of ``rank`` (the accounting's column), NaN where not measured."""
+    rows = s.get("rank_steps") or []
+    waits = [cell(r, Col.COMM_WAIT) for r in rows[rank]] if rank < len(rows) else []
+    waits = [w for w in waits if math.isfinite(w)]
+    return median(waits) if waits else float("nan")
+
+
 def rank_segments(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank, medians over ``runs`` (repeats of one configuration) of each segment, and the step's range.
 
-    The rest of the step is what was not measured apart: at 1 process the optimizer and the framework, at N
-    also the exposed communication.
+    ``exchange`` is the measured exposed wait in the exchange after backward (the per-rank accounting), less the
+    part of it spent waiting for the slowest rank, which has its own segment; 0 where a run did not measure it.
+    The rest of the step is what was not measured apart: the optimizer and the framework, and the exposed
+    communication where it was not measured.
     """
     size = min(len(s.get("rank_step_time_s") or [s["step_time_s"]]) for s in runs)
     out = []
@@ -49,9 +59,10 @@ def rank_segments(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         slowest = [max((c for c in s.get("rank_compute_s") or [] if math.isfinite(c)), default=float("nan"))
                    for s in runs]
         wait = [_wait(s, rank) for s in runs]
-        seg = {"data wait": median(wait), "forward+backward": median(comp),
-               "waiting for the slowest rank": median(max(0.0, sl - c) for sl, c in zip(slowest, comp))}
-        seg = {k: v if math.isfinite(v) else 0.0 for k, v in seg.items()}
+        behind = median(max(0.0, sl - c) for sl, c in zip(slowest, comp))
+        seg = {"data wait": median(wait), "forward+backward": median(comp), "waiting for the slowest rank": behind,
+               "exchange": median(_exposed(s, rank) for s in runs) - (behind if math.isfinite(behind) else 0.0)}
+        seg = {k: max(0.0, v) if math.isfinite(v) else 0.0 for k, v in seg.items()}
         t = median(step)
         seg["rest of the step"] = max(0.0, t - sum(seg.values()))
         out.append({"rank": rank, "step_time_s": t, "step_range_s": [min(step), max(step)], **seg})
@@ -69,11 +80,14 @@ def plot_ranks(at_n: list[dict[str, Any]], at_1: list[dict[str, Any]] | None, n:
     labels = [name for name, _ in rows]
     left = [0.0] * len(rows)
     one = [name == "1 process" for name in labels]
-    # The rest of the step is named by what it can hold: with one process there is no communication.
+    # The rest of the step is named by what it can hold: with one process there is no communication, and where
+    # the exchange was measured it is drawn as measured, not left in the rest.
+    measured = any(r["exchange"] > 0 for o, (_, r) in zip(one, rows) if not o)
     parts = [("data wait", "data wait", "C1", None), ("forward+backward", "forward+backward", "C0", None),
              ("waiting for the slowest rank", "waiting for the slowest rank", "C3", None),
-             ("rest of the step", f"rest at {n} processes, not measured apart (communication, optimizer)", "0.55",
-              False),
+             ("exchange", "exchange, measured (exposed wait after backward)", "C2", False),
+             ("rest of the step", f"rest at {n} processes, not measured apart ("
+              + ("optimizer, framework)" if measured else "communication, optimizer)"), "0.55", False),
              ("rest of the step", "rest at 1 process, not measured apart (optimizer, framework)", "0.82", True)]
     for seg, label, color, only_one in parts:
         vals = [r[seg] * 1e3 if only_one is None or o == only_one else 0.0 for o, (_, r) in zip(one, rows)]
