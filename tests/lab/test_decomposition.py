@@ -135,3 +135,15 @@ def test_decompose_of_a_job_without_loss_gives_no_share():
                    "causes": [cause("communication", 0.003)]})
     assert d["parts"][0]["share"] is None and d["parts"][0]["kind"] == "no_loss"
     assert d["parts"][0]["s"] + d["rest_s"] == pytest.approx(-0.004)
+
+
+def test_the_suites_report_check_catches_a_share_over_100():
+    from summaries import printed_shares_out_of_range
+
+    good = "The scaling loss, +10.000 ms/step ..., is made of: communication +4.000 ms (40%); input -1.000 ms " \
+           "(made it faster).\n\nVerdict: communication costs +4.000 ms/step, 40% of the scaling loss (90% ..."
+    assert printed_shares_out_of_range(good) == []
+    bad = "Verdict: cpu_contention costs +4.267 ms/step, 133% of the scaling loss\n\n" \
+          "| # | cause | ms/step | share of loss | 90% interval (ms) |\n|--:|:--|--:|--:|--:|\n" \
+          "| - | threads | -13.649 | -424% | - |\n"
+    assert printed_shares_out_of_range(bad) == ["133%", "-424%"]
