@@ -1,5 +1,6 @@
-"""The doctor's analysis: the scaling loss split into causes (``decompose``), the measured wait for a core taken
-out of where it hid (``contention``), then each cause judged against its noise.
+"""The doctor's analysis: the scaling loss split into causes (``terms``), the measured wait for a core taken out
+of where it hid (``contention``), each cause judged against its noise, then the parts that add up to the loss
+(``decomposition``).
 
 Every term is computed per repeat; its value is the median over repeats; its noise is twice the standard error
 of the medians it is made of (from each phase's own step-to-step spread), the largest over repeats. A cause is
@@ -18,10 +19,10 @@ from typing import Any
 from .bottleneck import bottleneck
 from .causes import Runs
 from .contention import confounded_by_load, cpu_contention, external_load, loader_competes
-from .decompose import COMM_OPS, CONFIGS, measure, measured_exchange, op_excess
 from .decomposition import decompose, what_if
 from .invariants import explain_rest, violations, widen_to_point
 from .stats import median
+from .terms import COMM_OPS, CONFIGS, measure, measured_exchange, op_excess
 
 __all__ = ["CONFIGS", "CAUSES", "analyse", "op_excess", "COMM_OPS", "external_load", "confounded_by_load",
            "cpu_contention", "measured_exchange"]
@@ -37,7 +38,7 @@ BOOTSTRAPPED = ("input", "communication", "sync_wait", "straggler", "compute_int
 def analyse(runs: Runs, n: int, ctx: dict[str, Any], min_share: float = 0.15, min_step_share: float = 0.05,
             profiles: tuple[dict[str, Any], dict[str, Any]] | None = None,
             threads: dict[int, list[dict[str, Any]]] | None = None, replicates: int = 300) -> dict[str, Any]:
-    """Split the scaling loss of ``runs`` into ranked causes with intervals and verdicts (``decompose``, then above).
+    """Split the scaling loss of ``runs`` into ranked causes with intervals and verdicts (``terms``, then above).
 
     ``ctx`` carries what suggestions need (bucket_mb, overlap, workers, slow_rank, strategy fields) and
     ``external``: what else loaded the machine while the runs went (``neighbours.LoadMonitor``).

@@ -1,4 +1,4 @@
-"""The doctor's decomposition of the scaling loss into causes, as pure functions over run summaries.
+"""The telescoping terms of the scaling loss, measured per repeat as causes: pure functions over run summaries.
 
 At each world size k (1 and N) four configurations are timed, each removing one more part of the step:
 
