@@ -14,14 +14,14 @@ from ..distributed import DistEnv
 from ..distributed.teardown import end_process_group
 from ..log import logger
 from ..strategies import Strategy
-from .batches import Feed
-from .checkpointer import Checkpointer
-from .guard import Guard
+from .checkpoint.checkpointer import Checkpointer
+from .feed.batches import Feed
 from .instruments import Instruments
+from .report.summary_builder import RunRecord, build_summary
 from .state import Meters, RunState
 from .stepper import Stepper
 from .summary import print_summary, write_summary
-from .summary_builder import RunRecord, build_summary
+from .survive.guard import Guard
 
 __all__ = ["end_training", "summarize", "publish", "close_at_exit", "end_groups"]
 

@@ -2,7 +2,7 @@
 
 The user keeps their loop, loss, optimizer and batch structure; the run owns the process group, the
 strategy (DDP, fusion, overlap, compression, local SGD, ZeRO, AMP, accumulation, pipeline), the sharded input
-pipeline and the step's seams, and delegates the work to its components: the feed (``batches.py``: loaders,
+pipeline and the step's seams, and delegates the work to its components: the feed (``feed/batches.py``: loaders,
 shards, the loop's batches), the stepper (``stepper.py``: backward, clipping, the optimizer step), the
 evaluator, the checkpointer (save, load, cadence), the instruments (clocks, experiments), the summary builder
 and the run's end (``ending.py``). ``Trainer`` is one user of this API.
@@ -32,20 +32,20 @@ from ..distributed.teardown import on_exit
 from ..log import setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero
 from . import ending, reduce
-from .batches import Feed
-from .checkpointer import Checkpointer
+from .checkpoint.checkpointer import Checkpointer
 from .errors import RunError, report_bad_input_in_one_line
 from .evaluate import Evaluator
-from .flops import FlopMeter
-from .guard import Guard
+from .feed.batches import Feed
+from .feed.sources import BatchSource
 from .instruments import Instruments
+from .instruments.flops import FlopMeter
 from .instruments.losses import LossWindow
-from .logpoints import LogPoints
 from .prepared import PreparedModel
-from .sources import BatchSource
+from .report.logpoints import LogPoints
 from .startup import announce, build_instruments, seed_rank
 from .state import Meters, RunState
 from .stepper import Stepper
+from .survive.guard import Guard
 
 __all__ = ["Run", "init", "RunError", "PreparedModel", "ENV_ARGS", "ENV_JSON"]
 

@@ -13,8 +13,8 @@ from ..config import Config
 from ..distributed import DistEnv, gather_env_rows
 from ..distributed.table import print_env_table
 from ..strategies import Strategy
-from .guard import Guard
 from .instruments import Instruments, start_accounting
+from .survive.guard import Guard
 
 __all__ = ["build_instruments", "announce", "seed_rank"]
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .flops import FlopMeter
 from .instruments import StepMode
+from .instruments.flops import FlopMeter
 from .instruments.losses import LossWindow
-from .logpoints import LogPoints
+from .report.logpoints import LogPoints
 
 __all__ = ["RunState", "Meters", "now_iso"]
 

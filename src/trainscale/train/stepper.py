@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from ..strategies import Strategy
-from .batches import Feed
 from .errors import RunError
+from .feed.batches import Feed
 from .instruments import Instruments
 from .prepared import PreparedModel
 from .state import Meters, RunState

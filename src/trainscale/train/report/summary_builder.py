@@ -15,17 +15,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..about import versions
-from ..config import Config, config_to_dict
-from ..data import data_wait_advice
-from ..distributed import DistEnv
-from ..distributed.env import cluster_fields
-from ..log import logger
-from ..strategies import Strategy
-from .instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
-from .instruments.losses import LossWindow
-from .peak import bf16_native
-from .summary import SCHEMA_VERSION, median_spread
+from ...about import versions
+from ...config import Config, config_to_dict
+from ...data import data_wait_advice
+from ...distributed import DistEnv
+from ...distributed.env import cluster_fields
+from ...log import logger
+from ...strategies import Strategy
+from ..instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
+from ..instruments.losses import LossWindow
+from ..instruments.peak import bf16_native
+from ..summary import SCHEMA_VERSION, median_spread
 
 __all__ = ["RunRecord", "build_summary"]
 

@@ -6,18 +6,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..config import Config
-from ..data import DataInfo
-from ..data.loader import TrainLoader
-from ..distributed import DistEnv
-from ..log import logger
-from ..strategies import Strategy
-from .errors import RunError
-from .guard import Guard
-from .instruments import Instruments
+from ...config import Config
+from ...data import DataInfo
+from ...data.loader import TrainLoader
+from ...distributed import DistEnv
+from ...log import logger
+from ...strategies import Strategy
+from ..errors import RunError
+from ..instruments import Instruments
+from ..state import Meters, RunState
+from ..survive.guard import Guard
 from .loading import is_ready_loader, make_loader
 from .sources import BatchSource, is_batch_source
-from .state import Meters, RunState
 
 __all__ = ["Feed"]
 

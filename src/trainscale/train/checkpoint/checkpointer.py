@@ -14,11 +14,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import Config, config_to_dict
-from ..distributed import DistEnv
-from ..log import logger
-from ..strategies import Strategy
-from .checkpoint import (
+from ...config import Config, config_to_dict
+from ...distributed import DistEnv
+from ...log import logger
+from ...strategies import Strategy
+from ..survive.guard import Guard
+from .files import (
     CheckpointWriteError,
     checkpoint_candidates,
     is_sharded,
@@ -31,7 +32,6 @@ from .checkpoint import (
     warn_skipped,
     write_error,
 )
-from .guard import Guard
 
 __all__ = ["Checkpointer"]
 
