@@ -238,7 +238,7 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
 
     from ..distributed import shutdown
     from .checkpoint.files import CheckpointWriteError
-    from .run import RunError
+    from .errors import RunError
     from .survive.preempt import EXIT_PREEMPTED
     from .trainer import Trainer
 

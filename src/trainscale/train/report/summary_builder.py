@@ -1,7 +1,7 @@
 """The summary builder: merges the reports of the strategy, the instruments and the loaders into the run summary.
 
 A component of the run, given what it reads when it is called; it never calls back into the run. Every rank
-calls ``build`` (it gathers per-rank figures); the schema is ``summary.schema.json``.
+calls ``build_summary`` (it gathers per-rank figures); the schema is ``summary.schema.json``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from ...data import data_wait_advice
 from ...distributed import DistEnv
 from ...distributed.env import cluster_fields
 from ...log import logger
-from ...strategies import Strategy
 from ..instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
 from ..instruments.losses import LossWindow
 from ..instruments.peak import bf16_native
+from ..state import Prepared
 from ..summary import SCHEMA_VERSION, median_spread
 
 __all__ = ["RunRecord", "build_summary"]
@@ -44,15 +44,22 @@ class RunRecord:
     preempted: bool
     eval_result: tuple[float, float, int]
     out_dir: Path
+    losses: LossWindow  # the loss's first and last windows, its curve, when the loop started
+    loader: Any = None  # the first training loader: batch size, input rate, skipped samples
     metrics_jsonl: str | None = None
     flops: tuple[float, float] | None = None  # (the job's model FLOPs per optimizer step, its peak FLOP/s)
     peak_source: str | None = None  # where the peak comes from: the catalogue, or measured on this host
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, losses: LossWindow,
-                  loaders: list[Any], optimizer: torch.optim.Optimizer | None, rec: RunRecord) -> dict[str, Any]:
-    """The run summary (collective: every rank calls it; the schema of ``trainscale train``)."""
+def build_summary(cfg: Config, env: DistEnv, parts: Prepared, rec: RunRecord) -> dict[str, Any]:
+    """The run summary (collective: every rank calls it; the schema of ``trainscale train``).
+
+    Example::
+
+        summary = build_summary(cfg, env, Prepared(strategy, optimizer, instruments), record)
+    """
+    st, ins, optimizer, losses, loader = parts.strategy, parts.instruments, parts.optimizer, rec.losses, rec.loader
     first_last = st.share_loss(losses.first_last(env.device))  # every stage reports its last stage's loss
     dist.all_reduce(first_last)  # the loss over the global batch, not rank 0's share
     first_last /= env.world_size
@@ -60,7 +67,6 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
     total_t = sum(ins.step_times)
     per_rank: list[Any] = [None] * env.world_size
     dist.all_gather_object(per_rank, ins.local_stats())  # all-reduce equalises step times; compute shows who is slow
-    loader = loaders[0] if loaders else None
     wait_frac = (sum(ins.waits) / total_t) if total_t else float("nan")
     advice = data_wait_advice(wait_frac, cfg.data)
     if advice and env.is_main and not cfg.ablate.data:
