@@ -79,6 +79,7 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
     ins = run.instruments
     assert ins is not None and getattr(ins, instrument) is not None
     tool = getattr(ins, instrument)
+    on = True
     out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": [], "side_on": [], "side_off": []}
     times: list[float] = []
     t_prev = cpu0 = side0 = 0.0
@@ -91,19 +92,19 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
             times.append(now - t_prev)
         if k >= 0 and k % CHUNK == 0:
             if times:
-                mode = "on" if getattr(ins, instrument) is not None else "off"
+                mode = "on" if on else "off"
                 out[mode].append(clipped_mean(times))
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
                 if side is not None:
                     out[f"side_{mode}"].append((side() - side0) / len(times))
-            on = (k // CHUNK) % 4 in (0, 3) or not switch
-            if on and getattr(ins, instrument) is None and hasattr(tool, "resume"):
+            was, on = on, (k // CHUNK) % 4 in (0, 3) or not switch
+            if on and not was and hasattr(tool, "resume"):
                 tool.resume()  # the accounting's readings restart: what the threads did while off is not counted
-            setattr(ins, instrument, tool if on else None)
+            ins.switch(tool, on)
             times, cpu0, side0 = [], time.thread_time(), side() if side is not None else 0.0
             now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
         t_prev = now
-    setattr(ins, instrument, tool)
+    ins.switch(tool, True)
     run.finish()
     return out
 

@@ -80,8 +80,8 @@ def close_at_exit(feed: Feed, meters: Meters, ins: Instruments | None, ck: Check
         close_at_exit(feed, meters, instruments, checkpointer)
         end_groups(state, owns_group, guard, holders, barrier=False)
     """
-    if ins is not None and ins.monitor is not None:
-        ins.monitor.close(score=False)  # its thread out of the store before the groups end
+    if ins is not None:
+        ins.abandon()  # the monitor's thread out of the store before the groups end
     _close_io(feed, meters)
     if ck is not None:  # an asynchronous checkpoint's writer still in a collective: let it end
         try:

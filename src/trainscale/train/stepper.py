@@ -120,5 +120,4 @@ class Stepper:
         point = self.meters.losses.step_done(state.step_count, state.step_count == state.total_steps,
                                              self.strategy.share_loss)
         if point is not None:
-            scores = ins.monitor.scores() if ins.monitor is not None else None
-            points.log(state.step_count, point, self.feed.global_batch, ins.take_window_wait(), scores)
+            points.log(state.step_count, point, self.feed.global_batch, ins.take_window_wait(), ins.scores())

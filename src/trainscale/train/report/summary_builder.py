@@ -21,11 +21,11 @@ from ...data import data_wait_advice
 from ...distributed import DistEnv
 from ...distributed.env import cluster_fields
 from ...log import logger
-from ..instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
+from ..instruments import Instruments, RankStats, merge_accounting, merge_phase_stats, write_trace
 from ..instruments.losses import LossWindow
 from ..instruments.peak import bf16_native
 from ..state import Prepared
-from ..summary import SCHEMA_VERSION, median_spread
+from ..summary import SCHEMA_VERSION, median_interdecile
 
 __all__ = ["RunRecord", "build_summary"]
 
@@ -63,9 +63,9 @@ def build_summary(cfg: Config, env: DistEnv, parts: Prepared, rec: RunRecord) ->
     first_last = st.share_loss(losses.first_last(env.device))  # every stage reports its last stage's loss
     dist.all_reduce(first_last)  # the loss over the global batch, not rank 0's share
     first_last /= env.world_size
-    med, spread = median_spread(ins.step_times)
+    med, spread = median_interdecile(ins.step_times)
     total_t = sum(ins.step_times)
-    per_rank: list[Any] = [None] * env.world_size
+    per_rank: list[Any] = [None] * env.world_size  # every rank's RankStats
     dist.all_gather_object(per_rank, ins.local_stats())  # all-reduce equalises step times; compute shows who is slow
     wait_frac = (sum(ins.waits) / total_t) if total_t else float("nan")
     advice = data_wait_advice(wait_frac, cfg.data)
@@ -90,8 +90,7 @@ def build_summary(cfg: Config, env: DistEnv, parts: Prepared, rec: RunRecord) ->
         "threads": env.threads, "ablate": {"comm": a.comm, "data": a.data, "compute": a.compute},
         **_rank_fields(per_rank, ins, rec.global_batch),
         "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
-        "stragglers": ins.monitor.episodes() if ins.monitor is not None else [],
-        "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
+        "stragglers": [], "calibrated_compute_s": None,  # the monitor's and the sleep test's, when on (below)
         "restarts": rec.restarts, "steps_redone": rec.steps_redone,
         "resumed_from_step": rec.start_step, "preempted": rec.preempted,
         "wall_s": time.perf_counter() - losses.t_loop, "config": config_to_dict(cfg), "loss_curve": losses.curve,
@@ -106,7 +105,7 @@ def build_summary(cfg: Config, env: DistEnv, parts: Prepared, rec: RunRecord) ->
         out["metrics_jsonl"] = rec.metrics_jsonl
     if optimizer is not None:
         out.update(st.report(optimizer, ins.warm, a.comm))
-    out.update(ins.artefacts)
+    out.update(ins.summary())  # the active instruments' fields and artefacts
     out.update(rec.extra)
     return out
 
@@ -131,18 +130,18 @@ def _loader_fields(loader: Any, env: DistEnv, shards: int) -> dict[str, Any]:
     return {"data_samples_per_s": rate.item() * shards, "data_skipped": int(skipped.item())}
 
 
-def _rank_fields(per_rank: list[Any], ins: Instruments, global_batch: int) -> dict[str, Any]:
+def _rank_fields(per_rank: list[RankStats], ins: Instruments, global_batch: int) -> dict[str, Any]:
     """Per-rank compute, step, data wait and CPU, the paired experiments' phases and the time accounting,
-    from ``local_stats``."""
-    reports = [r[6] for r in per_rank]
-    acct = merge_accounting(reports) if all(reports) else None
+    from every rank's ``local_stats``."""
+    reports = [r.accounting for r in per_rank if r.accounting]
+    acct = merge_accounting(reports) if len(reports) == len(per_rank) else None
     origin = reports[0]["origin"] if acct else 0.0  # rank 0's loop start: arrivals count from it
     return {
-        "phases": merge_phase_stats([r[4] for r in per_rank], global_batch, origin) if ins.plan else None,
+        "phases": merge_phase_stats([r.phases for r in per_rank], global_batch, origin) if ins.plan else None,
         "accounting": acct,
-        "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
-        "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
-        "rank_cpu_s": [r[5] for r in per_rank], "compute_s": per_rank[0][0],
+        "rank_compute_s": [r.compute_s for r in per_rank], "rank_compute_spread": [r.compute_spread for r in per_rank],
+        "rank_step_time_s": [r.step_time_s for r in per_rank], "rank_data_wait_s": [r.data_wait_s for r in per_rank],
+        "rank_cpu_s": [r.cpu_s for r in per_rank], "compute_s": per_rank[0].compute_s,
     }
 
 
