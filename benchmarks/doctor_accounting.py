@@ -5,8 +5,9 @@ blocks of 8 steps, 2 processes under ``trainscale launch``. Two comparisons, bot
 ABBA order so that drift and a slow spell of the shared machine fall on both:
 
 1. **Inside one run** (the result): a loop on the run API switches the run's accounting on and off every
-   chunk of 24 steps (one pass through the three phases; the instruments' ``accounting`` set to the run's
-   own or to None, and re-based with ``resume()`` when it comes back, outside the chunk's time: a run
+   chunk of 24 steps (one pass through the three phases; the run's accounting switched out of the
+   instruments' hooks and back, ``Instruments.switch``, and re-based with ``resume()`` when it comes back,
+   outside the chunk's time: a run
    re-bases once, at its start). A
    chunk's step time is its mean, every step counted (the per-block reads land on single steps, which a
    median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
