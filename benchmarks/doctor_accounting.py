@@ -5,8 +5,9 @@ blocks of 8 steps, 2 processes under ``trainscale launch``. Two comparisons, bot
 ABBA order so that drift and a slow spell of the shared machine fall on both:
 
 1. **Inside one run** (the result): a loop on the run API switches the run's accounting on and off every
-   chunk of 24 steps (one pass through the three phases; the instruments' ``accounting`` set to the run's
-   own or to None, and re-based with ``resume()`` when it comes back, outside the chunk's time: a run
+   chunk of 24 steps (one pass through the three phases; the run's accounting switched out of the
+   instruments' hooks and back, ``Instruments.switch``, and re-based with ``resume()`` when it comes back,
+   outside the chunk's time: a run
    re-bases once, at its start). A
    chunk's step time is its mean, every step counted (the per-block reads land on single steps, which a
    median would hide), each step capped at twice the chunk's median (a pause of the shared machine is not
@@ -79,6 +80,7 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
     ins = run.instruments
     assert ins is not None and getattr(ins, instrument) is not None
     tool = getattr(ins, instrument)
+    on = True
     out: dict[str, list[float]] = {"on": [], "off": [], "cpu_on": [], "cpu_off": [], "side_on": [], "side_off": []}
     times: list[float] = []
     t_prev = cpu0 = side0 = 0.0
@@ -91,19 +93,19 @@ def toggled_chunks(chunks: int, job: list[str] = JOB, instrument: str = "account
             times.append(now - t_prev)
         if k >= 0 and k % CHUNK == 0:
             if times:
-                mode = "on" if getattr(ins, instrument) is not None else "off"
+                mode = "on" if on else "off"
                 out[mode].append(clipped_mean(times))
                 out[f"cpu_{mode}"].append((time.thread_time() - cpu0) / len(times))
                 if side is not None:
                     out[f"side_{mode}"].append((side() - side0) / len(times))
-            on = (k // CHUNK) % 4 in (0, 3) or not switch
-            if on and getattr(ins, instrument) is None and hasattr(tool, "resume"):
+            was, on = on, (k // CHUNK) % 4 in (0, 3) or not switch
+            if on and not was and hasattr(tool, "resume"):
                 tool.resume()  # the accounting's readings restart: what the threads did while off is not counted
-            setattr(ins, instrument, tool if on else None)
+            ins.switch(tool, on)
             times, cpu0, side0 = [], time.thread_time(), side() if side is not None else 0.0
             now = time.perf_counter()  # the switch is the benchmark's, not a step's (a run re-bases once)
         t_prev = now
-    setattr(ins, instrument, tool)
+    ins.switch(tool, True)
     run.finish()
     return out
 

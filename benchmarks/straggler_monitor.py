@@ -1,8 +1,8 @@
 """The live straggler monitor's and the Flight Recorder's cost on the step, 2 processes, same job.
 
 1. **The monitor** (``log.stragglers``), inside one run: a loop on the run API hands the run's monitor its
-   steps in some chunks of 24 and not in others (ABBA order; the instruments' ``monitor`` set to the run's
-   own or to None between chunks); ``overhead_ratio`` is the median over ABBA groups of chunks (on, off, off,
+   steps in some chunks of 24 and not in others (ABBA order; the run's monitor switched out of the
+   instruments' hooks and back between chunks, ``Instruments.switch``); ``overhead_ratio`` is the median over ABBA groups of chunks (on, off, off,
    on) of their ratio of clipped mean step times, with its 90% bootstrap interval, and ``cpu_ratio`` the same for the
    training thread's CPU time (as ``doctor_accounting.py`` measures the time accounting). The monitor's side
    thread keeps running in both: what is switched is what the training thread pays and the windows it sends.

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import trainscale
 from trainscale.data.delay import with_sample_delay
-from trainscale.train.peak import bf16_native
+from trainscale.train.instruments.peak import bf16_native
 
 # ---------------------------------------------------------------- the text
 

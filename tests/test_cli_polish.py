@@ -45,7 +45,7 @@ def test_unknown_tracker_package_is_one_line(monkeypatch):
     import importlib.util
 
     from trainscale.config import ConfigError
-    from trainscale.train.trackers import check_tracker
+    from trainscale.train.report.trackers import check_tracker
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"log.tracker = 'wandb': needs the wandb package: pip install"):

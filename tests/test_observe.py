@@ -162,7 +162,7 @@ def test_mlflow_local_store_round_trip(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from trainscale.config import Config, config_to_dict
-    from trainscale.train.metrics import MetricsLog
+    from trainscale.train.report.metrics import MetricsLog
 
     log = MetricsLog(tmp_path, "mlflow", tmp_path, config_to_dict(Config()), run_name="roundtrip")
     for step, loss in ((5, 2.5), (10, 1.25), (15, float("nan"))):

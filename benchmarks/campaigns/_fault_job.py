@@ -123,7 +123,7 @@ class Fault:
 
 def log_windows(path: str) -> None:
     """Keep every window the straggler detector scores (only rank 0 has one) in ``path``, a JSON line each."""
-    from trainscale.train.instruments.stragglers import StragglerDetector
+    from trainscale.train.instruments.straggler_detector import StragglerDetector
 
     update = StragglerDetector.update
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 import straggler_replay as replay  # noqa: E402
 
-from trainscale.train.instruments import stragglers  # noqa: E402
+from trainscale.train.instruments import straggler_detector  # noqa: E402
 
 
 def main() -> None:
@@ -27,8 +27,8 @@ def main() -> None:
         outside = run["kind"] in ("neighbour", "quota")
         return [[[s, c, w, q if outside and s >= run["step"] else 0.0] for s, c, w, q, *_ in row]
                 for row in run["windows"]]
-    settings = {"drift": stragglers.DRIFT, "threshold": threshold, "drift_sigmas": stragglers.DRIFT_SIGMAS,
-                "threshold_sigmas": stragglers.THRESHOLD_SIGMAS}
+    settings = {"drift": straggler_detector.DRIFT, "threshold": threshold, "drift_sigmas": straggler_detector.DRIFT_SIGMAS,
+                "threshold_sigmas": straggler_detector.THRESHOLD_SIGMAS}
     print(json.dumps({"mode": mode, **replay.score(runs, 5, False, settings,
                                                    **({"rows": gated} if mode == "gate" else {}))}))
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 import straggler_replay as replay  # noqa: E402
 
-from trainscale.train.instruments import stragglers  # noqa: E402
+from trainscale.train.instruments import straggler_detector  # noqa: E402
 
 
 def gated(run: dict) -> list:
@@ -27,8 +27,8 @@ def gated(run: dict) -> list:
 
 def main() -> None:
     runs = [json.loads(line) for f in sys.argv[1:] for line in open(f) if line.strip()]
-    settings = {"drift": stragglers.DRIFT, "threshold": stragglers.THRESHOLD, "drift_sigmas": stragglers.DRIFT_SIGMAS,
-                "threshold_sigmas": stragglers.THRESHOLD_SIGMAS}
+    settings = {"drift": straggler_detector.DRIFT, "threshold": straggler_detector.THRESHOLD, "drift_sigmas": straggler_detector.DRIFT_SIGMAS,
+                "threshold_sigmas": straggler_detector.THRESHOLD_SIGMAS}
     print(json.dumps(replay.score(runs, 5, False, settings, rows=gated, verbose=True)))
 
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_localisation as bench  # noqa: E402
 
-from trainscale.train.instruments import stragglers  # noqa: E402
-from trainscale.train.instruments.stragglers import StragglerDetector, Window  # noqa: E402
+from trainscale.train.instruments import straggler_detector  # noqa: E402
+from trainscale.train.instruments.straggler_detector import StragglerDetector, Window  # noqa: E402
 
 
 def replay(rows: list[list[list[float]]], every: int, no_runq: bool, **settings: float) -> StragglerDetector:
@@ -93,13 +93,13 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="the benchmark's --out files, run with --windows (JSONL, a run a line)")
     ap.add_argument("--every", type=int, default=bench.EVERY,
                     help="log.straggler_every of those runs (the benchmark's: %(default)s)")
-    ap.add_argument("--drift", type=float, default=math.exp(stragglers.DRIFT),
+    ap.add_argument("--drift", type=float, default=math.exp(straggler_detector.DRIFT),
                     help="ratio to the other ranks under which a rank gathers no evidence (default %(default).2f)")
-    ap.add_argument("--threshold", type=float, default=stragglers.THRESHOLD,
+    ap.add_argument("--threshold", type=float, default=straggler_detector.THRESHOLD,
                     help="CUSUM sum of log-ratio excess that declares a rank slow (default %(default)s)")
-    ap.add_argument("--drift-sigmas", type=float, default=stragglers.DRIFT_SIGMAS,
+    ap.add_argument("--drift-sigmas", type=float, default=straggler_detector.DRIFT_SIGMAS,
                     help="the drift grows to this many of the run's measured noise (default %(default)s)")
-    ap.add_argument("--threshold-sigmas", type=float, default=stragglers.THRESHOLD_SIGMAS,
+    ap.add_argument("--threshold-sigmas", type=float, default=straggler_detector.THRESHOLD_SIGMAS,
                     help="the threshold grows to this many of the run's measured noise (default %(default)s)")
     ap.add_argument("--no-runq", action="store_true", help="leave out the run-queue wait (no time accounting)")
     ap.add_argument("--verbose", action="store_true", help="a line per run that was not right or clean")

@@ -18,7 +18,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "launch": ("trainscale.distributed.cli", "run any torchrun script on N processes (a wrapper over torchrun)"),
     "train": ("trainscale.train.cli", "train a model with synchronous data parallelism"),
-    "checkpoint": ("trainscale.train.convert", "convert a checkpoint between one .pt file and a sharded DCP folder"),
+    "checkpoint": ("trainscale.train.checkpoint.convert", "convert a checkpoint between one .pt file and a sharded DCP folder"),
     "data": ("trainscale.data.cli", "pack an image folder into shards, describe a pack"),
     "bench": ("trainscale.lab.bench", "scaling sweep over world sizes, with a report"),
     "doctor": ("trainscale.lab.doctor", "controlled experiments that name why a job does not scale"),

@@ -22,7 +22,7 @@ def ref6():
 def _weights(folder: Path) -> dict:
     if (folder / "last").is_dir():  # a sharded checkpoint, read back in this process
         from trainscale.models import build_model
-        from trainscale.train.dcp import dcp_load
+        from trainscale.train.checkpoint.dcp import dcp_load
         model = build_model("mlp", (1, 8, 8), 10, width=WIDTH, depth=DEPTH)
         dcp_load(folder / "last", model, None, 0)
         return model.state_dict()

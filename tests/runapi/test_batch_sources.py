@@ -46,7 +46,7 @@ def test_an_iterable_resumes_where_its_pass_stood_and_an_iterator_that_ends_is_o
     from torch.utils.data import IterableDataset
 
     from trainscale.train.errors import RunError
-    from trainscale.train.sources import BatchSource
+    from trainscale.train.feed.sources import BatchSource
 
     class Three(IterableDataset):
         def __iter__(self):

@@ -25,7 +25,7 @@ UNIT_ELEMENTS = [64 * 32 + 32, 32 * 32 + 32, 32 * 10 + 10]
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from trainscale.train.dcp import read_all
+    from trainscale.train.checkpoint.dcp import read_all
     if (folder / "last.pt").exists():
         return torch.load(folder / "last.pt", weights_only=True)["model"]
     return {k[len("model/"):]: v for k, v in read_all(folder / "last").items() if k.startswith("model/")}

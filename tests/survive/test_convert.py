@@ -7,9 +7,9 @@ import torch
 from survive_jobs import same_weights, weights
 
 from trainscale.config import ConfigError
-from trainscale.train.checkpoint import is_sharded
-from trainscale.train.convert import convert_checkpoint
-from trainscale.train.dcp import read_all
+from trainscale.train.checkpoint.convert import convert_checkpoint
+from trainscale.train.checkpoint.dcp import read_all
+from trainscale.train.checkpoint.files import is_sharded
 
 # 9 steps with AdamW (its state holds a scalar step besides two tensors per parameter), a checkpoint every 3.
 JOB = ["--model", "mlp", "--model.width", "16", "--data", "digits", "--batch-size", "16", "--steps", "9",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trainscale
-from trainscale.train.checkpoint import CheckpointWriteError, load_checkpoint, read_latest
+from trainscale.train.checkpoint.files import CheckpointWriteError, load_checkpoint, read_latest
 
 
 def _tmpfs(path: Path, size: str) -> bool:

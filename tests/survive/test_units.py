@@ -6,8 +6,8 @@ import torch.distributed as dist
 
 from trainscale.distributed.hangs import mismatch
 from trainscale.distributed.watchdog import Beat, verdict
-from trainscale.train.checkpoint import checkpoint_candidates, load_checkpoint, prune, publish_latest
-from trainscale.train.preempt import Preemption
+from trainscale.train.checkpoint.files import checkpoint_candidates, load_checkpoint, prune, publish_latest
+from trainscale.train.survive.preempt import Preemption
 
 
 def _beat(rank, step, phase, pid=100):

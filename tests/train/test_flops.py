@@ -1,4 +1,4 @@
-"""Model FLOPs as the run counts them (``train/flops.py``) against the analytic counts, and the device peak.
+"""Model FLOPs as the run counts them (``train/instruments/flops.py``) against the analytic counts, and the device peak.
 
 MLP: a Linear layer costs ``2 * batch * in * out`` forward; backward computes the weight gradient (the same
 again) and, where the input needs a gradient, the input gradient (the same again): ``3x`` forward in all, ``2x``
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from clitools import REPO
-from trainscale.train.flops import FlopCount, count_flops
-from trainscale.train.peak import catalog_peak, device_peak, measured_peak
+from trainscale.train.instruments.flops import FlopCount, count_flops
+from trainscale.train.instruments.peak import catalog_peak, device_peak, measured_peak
 
 
 def test_an_mlp_counts_exactly_the_analytic_flops():

@@ -18,7 +18,8 @@ from torch.distributed import HashStore
 from clitools import FAST, read_json, run_cli
 from trainscale.train.instruments import stragglers
 from trainscale.train.instruments.accounting_summary import host_busy_s
-from trainscale.train.instruments.stragglers import StragglerDetector, StragglerMonitor, Window
+from trainscale.train.instruments.straggler_detector import StragglerDetector, Window
+from trainscale.train.instruments.stragglers import StragglerMonitor
 
 NAN = math.nan
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from .table import print_env_table
 # What a rank's error reads like when a peer's exit closed its connections (Gloo's pair, the TCP store, NCCL).
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "failed to recv, got 0 bytes",
              "remote process exited")
-PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.preempt.EXIT_PREEMPTED)
+PREEMPTED_CODE = 75  # what a rank exits with after a preemption checkpoint (trainscale.train.survive.preempt.EXIT_PREEMPTED)
 
 __all__ = ["LaunchSpec", "launch", "LaunchFailed", "Preempted", "with_cluster"]
 

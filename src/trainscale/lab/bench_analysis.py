@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .stats import job_step_time, median, rel_spread
+from .stats import job_step_time, median, rel_range
 
 __all__ = ["make_point", "complete_points", "run_record", "thread_mismatch"]
 
@@ -28,7 +28,7 @@ def make_point(nproc: int, world: int, runs: list[dict[str, Any]]) -> dict[str, 
     sps = [r["samples_per_s"] for r in runs]
     return {
         "nproc": nproc, "world_size": world, "repeats": len(runs),
-        "samples_per_s": median(sps), "spread": rel_spread(sps),
+        "samples_per_s": median(sps), "spread": rel_range(sps),
         "step_time_s": median(job_step_time(r) for r in runs),
         "step_time_spread": median(r.get("step_time_spread") for r in runs),
         "data_wait_frac": median(r.get("data_wait_frac") for r in runs),

@@ -6,10 +6,10 @@ import math
 import statistics
 from typing import Any
 
-from ..reporting.stats import Interval, mean_interval, median, rel_spread
+from ..reporting.stats import Interval, mean_interval, median, rel_range
 from ..schema import Col, cell
 
-__all__ = ["median", "rel_spread", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
+__all__ = ["median", "rel_range", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
            "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching

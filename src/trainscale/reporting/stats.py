@@ -1,4 +1,4 @@
-"""Honest numbers from repeated runs: medians, spreads, means with their Student-t intervals."""
+"""Honest numbers from repeated runs: medians, relative ranges, means with their Student-t intervals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Interval", "mean_interval", "median", "rel_spread"]
+__all__ = ["Interval", "mean_interval", "median", "rel_range"]
 
 # Student's t, 97.5% quantile, for 1..10 degrees of freedom (a 95% interval from a handful of seeds).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -70,8 +70,9 @@ def median(xs: Iterable[float | None]) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def rel_spread(xs: Iterable[float | None]) -> float:
-    """(max - min) / median across repeats: 0 for a single value."""
+def rel_range(xs: Iterable[float | None]) -> float:
+    """Relative range, (max - min) / median, across repeats: 0 for a single value (a run's own timings use the
+    interdecile range instead, ``train.summary.median_interdecile``)."""
     vals = [x for x in xs if x is not None and math.isfinite(x)]
     if len(vals) < 2:
         return 0.0

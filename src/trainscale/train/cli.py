@@ -20,7 +20,7 @@ def preflight(args: argparse.Namespace, cfg: Config) -> None:
     from ..models import check_name
     from ..models.losses import resolve_loss
     from ..strategies import check_amp, check_strategy, check_transport
-    from .trackers import check_tracker
+    from .report.trackers import check_tracker
 
     check_name(cfg.model.name)
     if ":" in cfg.data.name:
@@ -87,8 +87,8 @@ def _check_units(cfg: Config) -> None:
 
 def _check_resume(path: Path) -> None:
     """An explicit --resume must name a readable checkpoint, or a folder that holds one."""
-    from .checkpoint import checkpoint_candidates, is_sharded, load_checkpoint
-    from .dcp import read_meta
+    from .checkpoint.dcp import read_meta
+    from .checkpoint.files import checkpoint_candidates, is_sharded, load_checkpoint
 
     if is_sharded(path):
         try:
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
     if args.nproc and args.nproc > 1 and not is_launched():
         from ..distributed.launcher import LaunchFailed, LaunchSpec, Preempted, launch
         from ..distributed.watchdog import EXIT_HUNG
-        from .preempt import EXIT_PREEMPTED
+        from .survive.preempt import EXIT_PREEMPTED
 
         spec = LaunchSpec(script="trainscale", module=True, args=["train", *_strip_nproc(argv)],
                           nproc_per_node=args.nproc, threads=cfg.job.threads, print_table=False,
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
 def _resume_hint(cfg: Config) -> str:
     if not cfg.checkpoint.dir:
         return "no checkpoint.dir, nothing saved"
-    from .checkpoint import read_latest
+    from .checkpoint.files import read_latest
     latest = read_latest(Path(cfg.checkpoint.dir))
     return f"checkpoint {Path(cfg.checkpoint.dir) / latest if latest else cfg.checkpoint.dir}; continue with --resume auto"
 
@@ -158,9 +158,9 @@ def _run_rank(args: argparse.Namespace, cfg: Config) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from ..distributed import shutdown
-    from .checkpoint import CheckpointWriteError
-    from .preempt import EXIT_PREEMPTED
-    from .run import RunError
+    from .checkpoint.files import CheckpointWriteError
+    from .errors import RunError
+    from .survive.preempt import EXIT_PREEMPTED
     from .trainer import Trainer
 
     @record  # a failing rank's traceback reaches torchrun, which ends the other ranks and reports it

@@ -6,60 +6,57 @@ groups end last is in ``distributed/teardown.py``.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..distributed import DistEnv
 from ..distributed.teardown import end_process_group
 from ..log import logger
 from ..strategies import Strategy
-from .batches import Feed
-from .checkpointer import Checkpointer
-from .guard import Guard
+from .checkpoint.checkpointer import Checkpointer
+from .feed.batches import Feed, data_shard
 from .instruments import Instruments
-from .state import Meters, RunState
-from .stepper import Stepper
+from .report.summary_builder import RunRecord, build_summary
+from .state import Meters, Prepared, RunContext, RunState
 from .summary import print_summary, write_summary
-from .summary_builder import RunRecord, build_summary
+from .survive.guard import Guard
 
 __all__ = ["end_training", "summarize", "publish", "close_at_exit", "end_groups"]
 
 
-def end_training(feed: Feed, meters: Meters, st: Strategy | None, ins: Instruments | None, world: int) -> None:
+def end_training(ctx: RunContext, feed: Feed, st: Strategy | None, ins: Instruments | None) -> None:
     """After the last step: the progress line and FLOP counter end, loaders stop, instruments and strategy finish.
 
     Example::
 
-        end_training(feed, meters, strategy, instruments, env.world_size)  # collective with a strategy
+        end_training(ctx, feed, strategy, instruments)  # collective with a strategy
     """
-    meters.points.close_view()
-    meters.flops.close()
+    ctx.meters.points.close_view()
+    ctx.meters.flops.close()
     if ins is not None:
         ins.end_steps()  # the accounting's last read, while the loader's threads still run
-    _close_io(feed, meters)
+    _close_io(feed, ctx.meters)
     if ins is not None:
-        ins.finish(world)
+        ins.finish(ctx.env.world_size)
     if st is not None:
         st.finish()  # real modules back, local SGD's replicas averaged
 
 
-def summarize(cfg: Config, env: DistEnv, guard: Guard, stepper: Stepper, eval_result: tuple[float, float, int],
-              out_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+def summarize(ctx: RunContext, parts: Prepared, feed: Feed, eval_result: tuple[float, float, int],
+              extra: dict[str, Any]) -> dict[str, Any]:
     """The run summary from what the run's components know at its end (collective: every rank calls it).
 
     Example::
 
-        summary = summarize(cfg, env, guard, stepper, evaluator.result, Path("out"), {"model": "mlp"})
+        summary = summarize(ctx, parts, feed, evaluator.result, {"model": "mlp"})
     """
-    state, meters, feed = stepper.state, stepper.meters, stepper.feed
+    state, meters, guard = ctx.state, ctx.meters, ctx.guard
     rec = RunRecord(steps=state.step_count, start_step=state.start_step, global_batch=feed.global_batch,
-                    shards=feed.shard()[1], started_at=state.started_at, restarts=guard.attempt,
-                    steps_redone=guard.steps_redone(state.start_step), preempted=state.preempted,
-                    eval_result=eval_result, out_dir=out_dir, metrics_jsonl=meters.points.written,
+                    shards=data_shard(parts.strategy, ctx.env)[1], started_at=state.started_at,
+                    restarts=guard.attempt, steps_redone=guard.steps_redone(state.start_step),
+                    preempted=state.preempted, eval_result=eval_result, out_dir=ctx.out_dir, losses=meters.losses,
+                    loader=feed.loaders[0] if feed.loaders else None, metrics_jsonl=meters.points.written,
                     flops=meters.flops.job, peak_source=meters.flops.source, extra=extra)
-    return build_summary(cfg, env, stepper.strategy, stepper.instruments, meters.losses, feed.loaders,
-                         stepper.optimizer, rec)
+    return build_summary(ctx.cfg, ctx.env, parts, rec)
 
 
 def publish(summary: dict[str, Any], json_path: str | None, cfg: Config) -> None:
@@ -83,8 +80,8 @@ def close_at_exit(feed: Feed, meters: Meters, ins: Instruments | None, ck: Check
         close_at_exit(feed, meters, instruments, checkpointer)
         end_groups(state, owns_group, guard, holders, barrier=False)
     """
-    if ins is not None and ins.monitor is not None:
-        ins.monitor.close(score=False)  # its thread out of the store before the groups end
+    if ins is not None:
+        ins.abandon()  # the monitor's thread out of the store before the groups end
     _close_io(feed, meters)
     if ck is not None:  # an asynchronous checkpoint's writer still in a collective: let it end
         try:

@@ -14,7 +14,7 @@ from ..config import Config
 from ..distributed import DistEnv
 from ..log import logger
 from ..strategies import Strategy
-from .guard import Guard
+from .survive.guard import Guard
 
 __all__ = ["Evaluator", "evaluate_batches", "shard_batches"]
 

@@ -2,7 +2,7 @@
 
 The user keeps their loop, loss, optimizer and batch structure; the run owns the process group, the
 strategy (DDP, fusion, overlap, compression, local SGD, ZeRO, AMP, accumulation, pipeline), the sharded input
-pipeline and the step's seams, and delegates the work to its components: the feed (``batches.py``: loaders,
+pipeline and the step's seams, and delegates the work to its components: the feed (``feed/batches.py``: loaders,
 shards, the loop's batches), the stepper (``stepper.py``: backward, clipping, the optimizer step), the
 evaluator, the checkpointer (save, load, cadence), the instruments (clocks, experiments), the summary builder
 and the run's end (``ending.py``). ``Trainer`` is one user of this API.
@@ -32,20 +32,20 @@ from ..distributed.teardown import on_exit
 from ..log import setup_logging
 from ..strategies import Strategy, apply_strategy, apply_zero
 from . import ending, reduce
-from .batches import Feed
-from .checkpointer import Checkpointer
+from .checkpoint.checkpointer import Checkpointer
 from .errors import RunError, report_bad_input_in_one_line
 from .evaluate import Evaluator
-from .flops import FlopMeter
-from .guard import Guard
+from .feed.batches import Feed
+from .feed.sources import BatchSource
 from .instruments import Instruments
+from .instruments.flops import FlopMeter
 from .instruments.losses import LossWindow
-from .logpoints import LogPoints
 from .prepared import PreparedModel
-from .sources import BatchSource
+from .report.logpoints import LogPoints
 from .startup import announce, build_instruments, seed_rank
-from .state import Meters, RunState
+from .state import Meters, Prepared, RunContext, RunState
 from .stepper import Stepper
+from .survive.guard import Guard
 
 __all__ = ["Run", "init", "RunError", "PreparedModel", "ENV_ARGS", "ENV_JSON"]
 
@@ -98,7 +98,8 @@ class Run:
         self.meters = Meters(LossWindow(self.env.device, cfg.log.every), FlopMeter(self.env.device, cfg.strategy.amp),
                              LogPoints(cfg, self.env.is_main, self.run_dir, self.out_dir))
         self.state = RunState(total_steps=cfg.job.steps, forced_steps=forced_steps)
-        self.feed = Feed(cfg, self.env, self.guard, self.state, self.meters)
+        self.ctx = RunContext(cfg, self.env, self.guard, self.state, self.meters, self.out_dir)
+        self.feed = Feed(self.ctx)
         self.evaluator = Evaluator(cfg, self.env, self.guard)
         self.summary: dict[str, Any] | None = None  # finish()'s
         on_exit(self._at_exit)  # a script that never calls finish() still ends the group cleanly
@@ -162,26 +163,26 @@ class Run:
         """
         if self.strategy is not None:
             raise RunError("run.prepare() was already called: one model per run")
-        st = self.strategy = self.feed.strategy = apply_strategy(model, self.env, self.cfg.strategy, layers)
+        st = self.strategy = apply_strategy(model, self.env, self.cfg.strategy, layers)
         st.adopt_optimizer(optimizer)  # FSDP replaced the parameters the optimizer was built on
         if optimizer is not None and self.cfg.strategy.shard_optimizer:
             optimizer = apply_zero(optimizer)
         self.optimizer = optimizer
-        ins = self.instruments = build_instruments(self.cfg, self.env, self.guard, st, self.out_dir)
-        self.checkpointer = Checkpointer(self.cfg, self.env, self.guard, st, optimizer, self.feed.loaders)
+        ins = self.instruments = build_instruments(self.ctx, st)
+        self.checkpointer = Checkpointer(self.ctx, st, optimizer, self.feed.loaders)
         self.meters.flops.measure_peak()  # CPU: a matmul benchmark under 0.5 s, cached
         loader = self.loader(data, data_info) if data is not None else None
         if self.is_main:
             self.meters.points.open()  # the tracker's import and set-up, before the first timed step
         announce(self.env, self.guard, st)
         seed_rank(self.cfg.job.seed, self.env.rank)
-        self.stepper = Stepper(st, optimizer, ins, PreparedModel(st), self.state, self.meters, self.feed)
+        self.stepper = Stepper(self.ctx, Prepared(st, optimizer, ins), self.feed)
         st.memory.reset()  # the peak memory of training: model, shards and optimizer exist from here
         return self.stepper.model, optimizer, loader
 
     def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader | BatchSource:
         """The run's loader over ``data`` (see ``prepare``): this rank's shard or this rank's batches, on the device."""
-        return self.feed.loader(data, info)
+        return self.feed.loader(data, info, self.strategy)
 
     # ------------------------------------------------------------------ the loop
     def batches(self, loader: Any, steps: int | None = None) -> Iterator[Any]:
@@ -197,7 +198,7 @@ class Run:
                 run.step()
         """
         stepper = self._need_prepared("batches")  # a generator: checked at the first batch, as before
-        yield from self.feed.batches(loader, steps, stepper.strategy, stepper.instruments)
+        yield from self.feed.batches(loader, steps, stepper.parts)
 
     def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
         """``run.backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule.
@@ -340,7 +341,7 @@ class Run:
         """After the last step (collective): loaders stopped, real modules back, local SGD's replicas averaged."""
         if not self.state.ended:
             self.state.ended = True
-            ending.end_training(self.feed, self.meters, self.strategy, self.instruments, self.env.world_size)
+            ending.end_training(self.ctx, self.feed, self.strategy, self.instruments)
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """End the run: the summary (written to ``json_path`` / ``TRAINSCALE_JSON``, printed), then teardown."""
@@ -350,8 +351,8 @@ class Run:
         self.wait_for_checkpoint()
         self.summary = {}
         if self.strategy is not None:  # a run never prepared has nothing to summarise, only groups to end
-            self.summary = ending.summarize(self.cfg, self.env, self.guard, self._need_prepared("finish"),
-                                            self.evaluator.result, self.out_dir, extra or {})
+            self.summary = ending.summarize(self.ctx, self._need_prepared("finish").parts, self.feed,
+                                            self.evaluator.result, extra or {})
         if self.is_main and self.summary:
             ending.publish(self.summary, self.json_path, self.cfg)
         self._end_groups(barrier=True)

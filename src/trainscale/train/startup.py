@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..config import Config
 from ..distributed import DistEnv, gather_env_rows
 from ..distributed.table import print_env_table
 from ..strategies import Strategy
-from .guard import Guard
 from .instruments import Instruments, start_accounting
+from .state import RunContext
+from .survive.guard import Guard
 
 __all__ = ["build_instruments", "announce", "seed_rank"]
 
 
-def build_instruments(cfg: Config, env: DistEnv, guard: Guard, st: Strategy, out_dir: Path) -> Instruments:
+def build_instruments(ctx: RunContext, st: Strategy) -> Instruments:
     """The run's instruments on the strategy's module: only the active ones (collective with accounting on).
 
     Example::
 
-        ins = build_instruments(cfg, env, guard, strategy, Path("out"))
+        ins = build_instruments(ctx, strategy)
     """
+    cfg, env, guard = ctx.cfg, ctx.env, ctx.guard
     # The accounting's clock offsets are measured through the store: every rank is here (prepare is collective).
     acct = start_accounting(env.rank, env.world_size, guard.store, st.meter, env.device.type,
                             guard.attempt) if cfg.log.accounting else None
-    ins = Instruments(cfg, env.rank, env.is_main, env.device, st.module, out_dir, acct)
+    ins = Instruments(cfg, env.rank, env.is_main, env.device, st.module, ctx.out_dir, acct)
     if cfg.log.stragglers and env.world_size > 1 and not st.pipelined:  # pipeline stages differ by design
         ins.watch_stragglers(guard.side_store(), env.world_size, guard.attempt)
     return ins

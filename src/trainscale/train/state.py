@@ -1,21 +1,29 @@
-"""The run's shared state: where its loop stands, and what every step records. Holders, no logic.
+"""The run's shared state: where its loop stands, what every step records, and what its components are given.
 
-The run's components (the feed of batches, the stepper, the evaluator, the end) read and move these
-instead of calling back into the run, so none of them imports ``run.py``.
+Holders, no logic. The run's components (the feed of batches, the stepper, the checkpointer, the end) are
+built with a ``RunContext`` and, once ``run.prepare`` has made them, the ``Prepared`` parts; they read and
+move these instead of calling back into the run, so none of them imports ``run.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from .flops import FlopMeter
-from .instruments import StepMode
-from .instruments.losses import LossWindow
-from .logpoints import LogPoints
+import torch
 
-__all__ = ["RunState", "Meters", "now_iso"]
+from ..config import Config
+from ..distributed import DistEnv
+from ..strategies import Strategy
+from .instruments import Instruments, StepMode
+from .instruments.flops import FlopMeter
+from .instruments.losses import LossWindow
+from .report.logpoints import LogPoints
+from .survive.guard import Guard
+
+__all__ = ["RunState", "Meters", "RunContext", "Prepared", "now_iso"]
 
 
 def now_iso() -> str:
@@ -64,3 +72,37 @@ class Meters:
     losses: LossWindow
     flops: FlopMeter  # model FLOPs and the device's peak, for MFU
     points: LogPoints  # the progress line, metrics.jsonl and the tracker
+
+
+@dataclass
+class RunContext:
+    """What every component of one run is given when it is built: the configuration, this rank's process
+    environment, the guard, the loop's counters, the meters and the folder for artefacts.
+
+    Example::
+
+        ctx = RunContext(cfg, env, Guard(cfg, env), RunState(cfg.job.steps), meters, Path("out"))
+        feed = Feed(ctx)
+    """
+
+    cfg: Config
+    env: DistEnv
+    guard: Guard  # watchdog marks, the preemption boundary, restarts
+    state: RunState
+    meters: Meters
+    out_dir: Path  # profile tables, sleep times, the timeline
+
+
+@dataclass
+class Prepared:
+    """What ``run.prepare`` built around the user's model and optimizer: the parts every step goes through.
+
+    Example::
+
+        parts = Prepared(apply_strategy(model, env, cfg.strategy), optimizer, build_instruments(ctx, strategy))
+        stepper = Stepper(ctx, parts, feed)
+    """
+
+    strategy: Strategy
+    optimizer: torch.optim.Optimizer | None
+    instruments: Instruments

@@ -7,12 +7,10 @@ from typing import Any
 
 import torch
 
-from ..strategies import Strategy
-from .batches import Feed
 from .errors import RunError
-from .instruments import Instruments
+from .feed.batches import Feed
 from .prepared import PreparedModel
-from .state import Meters, RunState
+from .state import Prepared, RunContext
 
 __all__ = ["Stepper"]
 
@@ -24,15 +22,17 @@ class Stepper:
 
     Example::
 
-        stepper = Stepper(strategy, optimizer, instruments, PreparedModel(strategy), state, meters, feed)
-        stepper.backward(loss)
+        stepper = Stepper(ctx, Prepared(strategy, optimizer, instruments), feed)
+        stepper.backward(loss_fn(stepper.model(x), y))
         stepper.step()
     """
 
-    def __init__(self, strategy: Strategy, optimizer: torch.optim.Optimizer | None, instruments: Instruments,
-                 model: PreparedModel, state: RunState, meters: Meters, feed: Feed):
-        self.strategy, self.optimizer, self.instruments, self.model = strategy, optimizer, instruments, model
-        self.state, self.meters, self.feed = state, meters, feed
+    def __init__(self, ctx: RunContext, parts: Prepared, feed: Feed):
+        self.parts, self.feed = parts, feed
+        self.strategy, self.optimizer, self.instruments = parts.strategy, parts.optimizer, parts.instruments
+        self.state, self.meters = ctx.state, ctx.meters
+        self.accum = ctx.cfg.strategy.grad_accum  # micro-batches per optimizer step
+        self.model = PreparedModel(parts.strategy)  # the user's handle on the strategy's model
 
     def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
         """``backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule."""
@@ -48,7 +48,7 @@ class Stepper:
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the loss scaler (fp16), accumulation and the instruments."""
-        st, accum = self.strategy, self.feed.accum
+        st, accum = self.strategy, self.accum
         if not torch.is_tensor(loss) or loss.numel() != 1:
             shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
             raise RunError(f"run.backward: the loss must be a scalar tensor, got {shape}; reduce it (e.g. .mean())")
@@ -62,7 +62,7 @@ class Stepper:
 
     def clip_gradients(self, max_norm: float, norm_type: float) -> torch.Tensor | None:
         """The whole model's gradients exchanged, unscaled and clipped; None on a micro-batch mid-accumulation."""
-        if not self.state.last_micro(self.feed.accum):
+        if not self.state.last_micro(self.accum):
             return None  # the gradients are not complete yet
         if self.optimizer is None:
             raise RunError(_NO_OPTIMIZER.format("clip_gradients"))
@@ -72,7 +72,7 @@ class Stepper:
 
     def no_sync(self) -> Any:
         """The strategy's context that skips the gradient exchange, refused where it would be wrong."""
-        accum = self.feed.accum
+        accum = self.accum
         if self.strategy.pipelined:
             raise RunError("run.no_sync() under a pipeline: the schedule accumulates its micro-batches itself; "
                            "use --strategy.grad_accum N and run.forward_backward instead")
@@ -91,7 +91,7 @@ class Stepper:
         """The optimizer step on the last micro-batch of an accumulation; whether one was taken."""
         st, ins, state, opt = self.strategy, self.instruments, self.state, self.optimizer
         state.micro += 1
-        if state.micro < self.feed.accum:
+        if state.micro < self.accum:
             return False
         state.micro = 0
         if (job := self.meters.flops.at_step()) is not None:
@@ -120,5 +120,4 @@ class Stepper:
         point = self.meters.losses.step_done(state.step_count, state.step_count == state.total_steps,
                                              self.strategy.share_loss)
         if point is not None:
-            scores = ins.monitor.scores() if ins.monitor is not None else None
-            points.log(state.step_count, point, self.feed.global_batch, ins.take_window_wait(), scores)
+            points.log(state.step_count, point, self.feed.global_batch, ins.take_window_wait(), ins.scores())

@@ -15,12 +15,13 @@ from typing import Any
 from ..reporting.files import atomic_write_bytes
 from ..schema import SCHEMA_VERSION, read_summary, summary_schema  # the reader lives with the schema
 
-__all__ = ["write_summary", "read_summary", "print_summary", "median_spread", "strict_json", "summary_schema",
+__all__ = ["write_summary", "read_summary", "print_summary", "median_interdecile", "strict_json", "summary_schema",
            "human", "SCHEMA_VERSION"]
 
 
-def median_spread(values: list[float]) -> tuple[float, float]:
-    """Median and relative spread ((p90 - p10) / median) of a list of timings."""
+def median_interdecile(values: list[float]) -> tuple[float, float]:
+    """Median and relative interdecile range, (p90 - p10) / median, of a list of timings (the summary's
+    ``*_spread`` fields; ``reporting.stats.rel_range`` is max - min over repeats instead)."""
     if not values:
         return float("nan"), float("nan")
     med = statistics.median(values)

@@ -37,6 +37,7 @@ from typing import Any
 from ...config import STEP_ROW
 from .accounting_summary import local_cpu_limits
 from .clocks import measure_offset
+from .protocol import Instrument, StepEnd
 from .schedstat import THREAD_CLASSES, ThreadSet, available, read_schedstat
 
 __all__ = ["Accounting", "start_accounting", "BLOCK", "NAN_ROW", "READ_EVERY_S"]
@@ -55,7 +56,7 @@ def start_accounting(rank: int, world: int, store: Any, meter: Any, device_type:
     return Accounting(rank, meter, device_type == "cpu", offset, bound)
 
 
-class Accounting:
+class Accounting(Instrument):
     """This rank's per-step accounting; the instruments call ``step_called``, ``step_done`` and the block seams.
 
     The step's path is kept to one append and a clock read: per measured step a tuple (training thread's
@@ -206,6 +207,25 @@ class Accounting:
         if self._fd is not None:
             os.close(self._fd)
         self._fd = None
+
+    # ---- the instrument's hooks
+    def on_loop_start(self, t: float) -> None:
+        self.loop_starts(t)
+
+    def on_step_called(self, t: float) -> None:
+        self.step_called(t)
+
+    def on_step_end(self, end: StepEnd) -> None:  # after the step's clock read: its reads are paid by the next step
+        self.step_done(end.step, end.measured, end.t_start)
+
+    def on_pause(self) -> None:
+        self.pause()
+
+    def on_resume(self) -> None:
+        self.resume()
+
+    def on_steps_end(self) -> None:
+        self.end()
 
     # ---- results
     def row(self, i: int, step_s: float, wait_s: float) -> list[float]:

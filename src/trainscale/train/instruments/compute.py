@@ -12,24 +12,27 @@ remain; only the compute, and the contention it causes, disappears.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from ...log import logger
+from .protocol import Instrument, StepEnd
 
-__all__ = ["ComputeClock", "SleepCompute", "SlowRank", "leaf_modules"]
+__all__ = ["ComputeClock", "SleepCompute", "SleepTest", "SlowRank", "leaf_modules"]
 
 
 def _queue_callback(fn: Any) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
-class SlowRank:
+class SlowRank(Instrument):
     """Fault injection (``job.slow_rank``): this rank's forward+backward made ``factor`` x slower by a sleep.
 
     The sleep runs as backward starts, before any gradient is ready, so DDP's all-reduces start late on this rank
@@ -70,8 +73,17 @@ class SlowRank:
     def _on_graph_done(self) -> None:
         self.last = time.perf_counter() - self.t0 - self.slept
 
+    def on_forward_start(self, t: float) -> None:
+        self.start()
 
-class ComputeClock:
+    def on_backward(self, scaled_loss: torch.Tensor) -> None:
+        self.watch(scaled_loss)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        self.next_step(end.step + 1)
+
+
+class ComputeClock(Instrument):
     """Forward + backward seconds of each step on this rank (CUDA events on GPUs, no host sync)."""
 
     __slots__ = ("cuda", "t0", "spent", "times", "_pending", "_start_ev")
@@ -131,6 +143,15 @@ class ComputeClock:
             return list(self.times)
         torch.cuda.synchronize()
         return [sum(s.elapsed_time(e) for s, e in evs) / 1000.0 for evs in self.times]
+
+    def on_forward_start(self, t: float) -> None:
+        self.start()
+
+    def on_backward(self, scaled_loss: torch.Tensor) -> None:
+        self.watch(scaled_loss)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        self.end_step(end.measured)
 
 
 def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -342,3 +363,53 @@ def _sleeping_forward(recs: list[_CallRecord], sleeper: _Sleeper) -> Any:
         return _SleepFn.apply(rec, sleeper, *tensors, *params)
 
     return forward
+
+
+class SleepTest(Instrument):
+    """The sleep test as the run drives it (``ablate.compute sleep``): the leaves timed for ``calib_steps`` steps
+    (or their times loaded from ``ablate.sleep_times``), then replaced by sleeps; ``sleep_times.json`` written.
+
+    Example::
+
+        test = SleepTest(module, device, calib_steps=5, out_dir=Path("out"), write=True)
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device, calib_steps: int, out_dir: Path, write: bool,
+                 times: str = ""):
+        self.sleep = SleepCompute(module, device)
+        self.calib_steps, self.out_dir, self.write = calib_steps, out_dir, write
+        self.fields: dict[str, Any] = {}
+        if times:
+            self.sleep.load(json.loads(Path(times).read_text()), device)
+        else:
+            self.sleep.start_calibration()
+
+    @property
+    def calibrating(self) -> bool:
+        """Still timing modules (the run exchanges no gradients meanwhile)."""
+        return not self.sleep.installed
+
+    def on_backward(self, scaled_loss: torch.Tensor) -> None:
+        if self.calibrating:
+            self.sleep.watch(scaled_loss)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if not self.calibrating:
+            return
+        self.sleep.end_step()
+        if end.step >= self.calib_steps:
+            self.sleep.install()
+            self.fields["sleep_times"] = self._write_times()
+
+    def on_finish(self, world_size: int) -> None:
+        self.sleep.uninstall()  # real modules back: evaluation uses them
+
+    def summary(self) -> dict[str, Any]:
+        return {"calibrated_compute_s": self.sleep.total_fwd_s + self.sleep.total_bwd_s, **self.fields}
+
+    def _write_times(self) -> str:
+        path = self.out_dir / "sleep_times.json"
+        if self.write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.sleep.export()) + "\n")
+        return str(path)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import PHASE_FLAGS, Config
-from ..summary import median_spread
+from ..summary import median_interdecile
 
 __all__ = ["PhasePlan", "StepMode", "local_phase_stats", "merge_phase_stats"]
 
@@ -68,8 +68,8 @@ def local_phase_stats(marks: list[str | None], step_times: list[float], waits: l
     for name in dict.fromkeys(m for m in marks if m):
         idx = [i for i, m in enumerate(marks) if m == name]
         steps = [step_times[i] for i in idx]
-        med, spread = median_spread(steps)
-        comp = median_spread([compute[i] for i in idx if i < len(compute)])
+        med, spread = median_interdecile(steps)
+        comp = median_interdecile([compute[i] for i in idx if i < len(compute)])
         rows = [[cycles[i], step_times[i], compute[i] if i < len(compute) else float("nan"), waits[i],
                  *(extra[i] if extra else ())] for i in idx]
         out[name] = (*comp, med, spread, len(idx), sum(steps), sum(waits[i] for i in idx), rows)

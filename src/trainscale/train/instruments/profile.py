@@ -17,16 +17,21 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ...log import logger
+from .protocol import Instrument, StepEnd
 
 __all__ = ["OpProfiler", "MAX_PROFILED_STEPS"]
 
 MAX_PROFILED_STEPS = 50  # enough for stable per-op medians; more only grows the trace in memory
 
 
-class OpProfiler:
-    """Profile a window of steps; ``write`` leaves the table and its JSON in ``folder``."""
+class OpProfiler(Instrument):
+    """Profile a window of steps; ``write`` leaves the table and its JSON in ``folder``.
 
-    def __init__(self, device: torch.device, rank: int = 0):
+    As a run's instrument (``log.profile``) it starts at the end of step ``warm`` (``start`` it first when that is 0)
+    and writes into ``out_dir`` when the run finishes.
+    """
+
+    def __init__(self, device: torch.device, rank: int = 0, warm: int = 0, out_dir: Path | None = None):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with warnings.catch_warnings():  # "won't be using warmup": the run's skip_first steps were the warm-up
             warnings.simplefilter("ignore")
@@ -35,6 +40,20 @@ class OpProfiler:
             steps = schedule(wait=0, warmup=0, active=MAX_PROFILED_STEPS + 1, repeat=1)
         self.prof = profile(activities=acts, record_shapes=False, schedule=steps)
         self.device, self.rank, self.steps, self.running = device, rank, 0, False
+        self.warm, self.out_dir = warm, out_dir or Path(".")
+        self.written: dict[str, Any] = {}  # the profile's paths, once written
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if end.measured:
+            self.step_done()
+        elif end.step == self.warm:
+            self.start()
+
+    def on_finish(self, world_size: int) -> None:
+        self.written = self.write(self.out_dir, world_size)
+
+    def summary(self) -> dict[str, Any]:
+        return self.written
 
     def start(self) -> None:
         self.prof.start()

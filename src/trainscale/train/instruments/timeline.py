@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import SPANS
+from .protocol import Instrument, StepEnd
 
 __all__ = ["StepTimeline", "build_trace", "write_trace", "SPANS"]
 
@@ -24,7 +25,7 @@ __all__ = ["StepTimeline", "build_trace", "write_trace", "SPANS"]
 Row = tuple[int, float, float, float, float, float, float, float]  # step, t0, wait, fb0, compute, call, opt, end
 
 
-class StepTimeline:
+class StepTimeline(Instrument):
     """The host times of the last ``keep`` measured steps of this rank (seconds since the epoch)."""
 
     __slots__ = ("rows", "offset", "_fb0", "_call", "_opt")
@@ -51,6 +52,18 @@ class StepTimeline:
             fb0 = self._fb0 or t0
             self.rows.append((step, t0, wait, fb0, self._call or fb0, self._opt or self._call or fb0, end))
         self._fb0 = self._call = self._opt = 0.0
+
+    def on_forward_start(self, t: float) -> None:
+        self.forward_starts(t)
+
+    def on_step_called(self, t: float) -> None:
+        self.step_called(t)
+
+    def on_optimizer_start(self, t: float) -> None:
+        self.optimizer_starts(t)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        self.step_done(end.step, end.t_start, end.wait_s, end.t_end, end.measured)
 
     def export(self, compute: list[float], first_measured: int) -> list[Row]:
         """Rows with their compute seconds (``compute[i]`` is measured step ``first_measured + i``)."""

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
-from ..log import logger
-from ..reporting.files import atomic_write_bytes
+from ...config import ConfigError
+from ...log import logger
+from ...reporting.files import atomic_write_bytes
 
 __all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint", "CheckpointWriteError", "LATEST", "publish_latest", "checkpoint_candidates", "is_sharded",
            "state_bytes", "check_free_space", "write_error", "prune"]

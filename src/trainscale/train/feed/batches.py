@@ -6,20 +6,29 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..config import Config
-from ..data import DataInfo
-from ..data.loader import TrainLoader
-from ..distributed import DistEnv
-from ..log import logger
-from ..strategies import Strategy
-from .errors import RunError
-from .guard import Guard
-from .instruments import Instruments
+from ...data import DataInfo
+from ...data.loader import TrainLoader
+from ...distributed import DistEnv
+from ...log import logger
+from ...strategies import Strategy
+from ..errors import RunError
+from ..state import Prepared, RunContext
 from .loading import is_ready_loader, make_loader
 from .sources import BatchSource, is_batch_source
-from .state import Meters, RunState
 
-__all__ = ["Feed"]
+__all__ = ["Feed", "data_shard"]
+
+
+def data_shard(strategy: Strategy | None, env: DistEnv) -> tuple[int, int]:
+    """(which shard, of how many) of the training data this rank reads: a pipeline's stages share one.
+
+    Example::
+
+        data_shard(None, env)   # (env.rank, env.world_size) before a strategy exists
+    """
+    if strategy is None:
+        return env.rank, env.world_size
+    return strategy.data_shard(env.rank, env.world_size)
 
 
 class Feed:
@@ -27,48 +36,46 @@ class Feed:
 
     Example::
 
-        feed = Feed(cfg, env, guard, state, meters)
-        loader = feed.loader(dataset)
-        for batch in feed.batches(loader, 100, strategy, instruments):
+        feed = Feed(ctx)
+        loader = feed.loader(dataset, strategy=parts.strategy)
+        for batch in feed.batches(loader, 100, parts):
             ...  # backward and step, which move state.micro and state.step_count
     """
 
-    def __init__(self, cfg: Config, env: DistEnv, guard: Guard, state: RunState, meters: Meters):
-        self.cfg, self.env, self.guard, self.state, self.meters = cfg, env, guard, state, meters
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
         self.loaders: list[Any] = []  # every loader made: checkpoints save their positions, the end closes them
         self.global_batch = 0  # samples per optimizer step over every replica
-        self.strategy: Strategy | None = None  # set by prepare(): a pipeline's stages share one shard
 
     @property
     def accum(self) -> int:
         """Micro-batches per optimizer step (``strategy.grad_accum``)."""
-        return self.cfg.strategy.grad_accum
+        return self.ctx.cfg.strategy.grad_accum
 
-    def shard(self) -> tuple[int, int]:
-        """(which shard, of how many) of the training data this rank reads."""
-        if self.strategy is None:
-            return self.env.rank, self.env.world_size
-        return self.strategy.data_shard(self.env.rank, self.env.world_size)
-
-    def loader(self, data: Any, info: DataInfo | None = None) -> TrainLoader | BatchSource:
-        """The run's loader over ``data``: a Dataset or DataLoader sharded over the ranks and prefetched to the
-        device, or a user's batch function or iterable (``BatchSource``: this rank's batches as they come)."""
-        shard = self.shard()
+    def loader(self, data: Any, info: DataInfo | None = None, strategy: Strategy | None = None
+               ) -> TrainLoader | BatchSource:
+        """The run's loader over ``data``: a Dataset or DataLoader sharded over the ranks (as ``strategy`` reads
+        them) and prefetched to the device, or a user's batch function or iterable (``BatchSource``: this rank's
+        batches as they come)."""
+        cfg, env = self.ctx.cfg, self.ctx.env
+        shard = data_shard(strategy, env)
         if is_ready_loader(data):
             loader = data
         elif is_batch_source(data):  # the user's function or iterable gives this rank's batches: no sharding
-            loader = BatchSource(data, self.env.device)
+            loader = BatchSource(data, env.device)
         else:
-            loader = make_loader(self.cfg, data, info, self.env.device, shard, self.env.is_main)
+            loader = make_loader(cfg, data, info, env.device, shard, env.is_main)
         if loader not in self.loaders:
             self.loaders.append(loader)
-            bs = getattr(loader, "batch_size", None) or self.cfg.data.batch_size
+            bs = getattr(loader, "batch_size", None) or cfg.data.batch_size
             self.global_batch = bs * shard[1] * self.accum
         return loader
 
-    def batches(self, loader: Any, steps: int | None, st: Strategy, ins: Instruments) -> Iterator[Any]:
+    def batches(self, loader: Any, steps: int | None, parts: Prepared) -> Iterator[Any]:
         """Device batches for ``steps`` optimizer steps (x ``strategy.grad_accum`` micro-batches each): ``Run.batches``."""
-        loader, state, meters, guard, accum = self.loader(loader), self.state, self.meters, self.guard, self.accum
+        st, ins = parts.strategy, parts.instruments
+        loader, accum = self.loader(loader, strategy=st), self.accum
+        state, meters, guard = self.ctx.state, self.ctx.meters, self.ctx.guard
         state.total_steps = state.forced_steps or steps or max(1, loader.batches_per_epoch // accum)
         if meters.points.start(state.total_steps, state.step_count):
             meters.losses.start()

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ConfigError
+from ...config import ConfigError
 
 __all__ = ["Tracker", "open_tracker", "check_tracker", "TRACKER_PACKAGES"]
 

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, SequentialSampler, default_collate
 
-from ..config import Config, apply_overrides
-from ..data import DataInfo, build_train_loader
-from ..data.delay import with_sample_delay
-from ..data.loader import TrainLoader
-from .errors import RunError
+from ...config import Config, apply_overrides
+from ...data import DataInfo, build_train_loader
+from ...data.delay import with_sample_delay
+from ...data.loader import TrainLoader
+from ..errors import RunError
 
 __all__ = ["is_ready_loader", "make_loader"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..log import logger
+from ...log import logger
 
 __all__ = ["ProgressView"]
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..config import Config
-from ..distributed import DistEnv
-from ..distributed.watchdog import Watchdog, raw_store
-from ..log import logger
+from ...config import Config
+from ...distributed import DistEnv
+from ...distributed.watchdog import Watchdog, raw_store
+from ...log import logger
 from .faults import Fault, fault_from_env
 from .preempt import Preemption
 

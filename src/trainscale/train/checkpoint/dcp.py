@@ -21,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..config import ConfigError
-from .checkpoint import rng_state, set_rng_state
+from ...config import ConfigError
+from .files import rng_state, set_rng_state
 
 __all__ = ["dcp_save", "dcp_load", "read_meta", "read_all", "param_names", "rng_tensors", "rng_from_tensors", "meta_tensor"]
 

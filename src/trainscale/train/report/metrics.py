@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..log import logger
+from ...log import logger
 from .trackers import Tracker, open_tracker
 
 __all__ = ["MetricsLog"]

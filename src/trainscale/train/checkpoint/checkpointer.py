@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import Config, config_to_dict
-from ..distributed import DistEnv
-from ..log import logger
-from ..strategies import Strategy
-from .checkpoint import (
+from ...config import config_to_dict
+from ...log import logger
+from ...strategies import Strategy
+from ..state import RunContext
+from .files import (
     CheckpointWriteError,
     checkpoint_candidates,
     is_sharded,
@@ -31,7 +31,6 @@ from .checkpoint import (
     warn_skipped,
     write_error,
 )
-from .guard import Guard
 
 __all__ = ["Checkpointer"]
 
@@ -41,14 +40,15 @@ class Checkpointer:
 
     Example::
 
-        ck = Checkpointer(cfg, env, guard, strategy, optimizer, loaders)
+        ck = Checkpointer(ctx, strategy, optimizer, feed.loaders)
         if ck.should_save(step):
             ck.save(Path(cfg.checkpoint.dir) / f"step_{step}", step)
     """
 
-    def __init__(self, cfg: Config, env: DistEnv, guard: Guard, strategy: Strategy,
-                 optimizer: torch.optim.Optimizer | None, loaders: list[Any]):
-        self.cfg, self.env, self.guard, self.strategy, self.optimizer = cfg, env, guard, strategy, optimizer
+    def __init__(self, ctx: RunContext, strategy: Strategy, optimizer: torch.optim.Optimizer | None,
+                 loaders: list[Any]):
+        self.cfg, self.env, self.guard = ctx.cfg, ctx.env, ctx.guard
+        self.strategy, self.optimizer = strategy, optimizer
         self.loaders = loaders  # the run's list: a loader made after prepare() is saved too
         self._pending: Any = None  # an asynchronous sharded checkpoint still being written
         self._group: Any = None  # the checkpoints' own process group (async writes run beside the step)

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigError
-from ..reporting.files import atomic_write_bytes
-from .checkpoint import is_sharded, load_checkpoint
+from ...config import ConfigError
+from ...reporting.files import atomic_write_bytes
 from .dcp import meta_tensor, read_all, rng_from_tensors, rng_tensors
+from .files import is_sharded, load_checkpoint
 
 __all__ = ["convert_checkpoint", "pt_to_flat", "flat_to_pt", "main"]
 

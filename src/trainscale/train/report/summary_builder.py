@@ -1,7 +1,7 @@
 """The summary builder: merges the reports of the strategy, the instruments and the loaders into the run summary.
 
 A component of the run, given what it reads when it is called; it never calls back into the run. Every rank
-calls ``build`` (it gathers per-rank figures); the schema is ``summary.schema.json``.
+calls ``build_summary`` (it gathers per-rank figures); the schema is ``summary.schema.json``.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..about import versions
-from ..config import Config, config_to_dict
-from ..data import data_wait_advice
-from ..distributed import DistEnv
-from ..distributed.env import cluster_fields
-from ..log import logger
-from ..strategies import Strategy
-from .instruments import Instruments, merge_accounting, merge_phase_stats, write_trace
-from .instruments.losses import LossWindow
-from .peak import bf16_native
-from .summary import SCHEMA_VERSION, median_spread
+from ...about import versions
+from ...config import Config, config_to_dict
+from ...data import data_wait_advice
+from ...distributed import DistEnv
+from ...distributed.env import cluster_fields
+from ...log import logger
+from ..instruments import Instruments, RankStats, merge_accounting, merge_phase_stats, write_trace
+from ..instruments.losses import LossWindow
+from ..instruments.peak import bf16_native
+from ..state import Prepared
+from ..summary import SCHEMA_VERSION, median_interdecile
 
 __all__ = ["RunRecord", "build_summary"]
 
@@ -44,23 +44,29 @@ class RunRecord:
     preempted: bool
     eval_result: tuple[float, float, int]
     out_dir: Path
+    losses: LossWindow  # the loss's first and last windows, its curve, when the loop started
+    loader: Any = None  # the first training loader: batch size, input rate, skipped samples
     metrics_jsonl: str | None = None
     flops: tuple[float, float] | None = None  # (the job's model FLOPs per optimizer step, its peak FLOP/s)
     peak_source: str | None = None  # where the peak comes from: the catalogue, or measured on this host
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, losses: LossWindow,
-                  loaders: list[Any], optimizer: torch.optim.Optimizer | None, rec: RunRecord) -> dict[str, Any]:
-    """The run summary (collective: every rank calls it; the schema of ``trainscale train``)."""
+def build_summary(cfg: Config, env: DistEnv, parts: Prepared, rec: RunRecord) -> dict[str, Any]:
+    """The run summary (collective: every rank calls it; the schema of ``trainscale train``).
+
+    Example::
+
+        summary = build_summary(cfg, env, Prepared(strategy, optimizer, instruments), record)
+    """
+    st, ins, optimizer, losses, loader = parts.strategy, parts.instruments, parts.optimizer, rec.losses, rec.loader
     first_last = st.share_loss(losses.first_last(env.device))  # every stage reports its last stage's loss
     dist.all_reduce(first_last)  # the loss over the global batch, not rank 0's share
     first_last /= env.world_size
-    med, spread = median_spread(ins.step_times)
+    med, spread = median_interdecile(ins.step_times)
     total_t = sum(ins.step_times)
-    per_rank: list[Any] = [None] * env.world_size
+    per_rank: list[Any] = [None] * env.world_size  # every rank's RankStats
     dist.all_gather_object(per_rank, ins.local_stats())  # all-reduce equalises step times; compute shows who is slow
-    loader = loaders[0] if loaders else None
     wait_frac = (sum(ins.waits) / total_t) if total_t else float("nan")
     advice = data_wait_advice(wait_frac, cfg.data)
     if advice and env.is_main and not cfg.ablate.data:
@@ -84,8 +90,7 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
         "threads": env.threads, "ablate": {"comm": a.comm, "data": a.data, "compute": a.compute},
         **_rank_fields(per_rank, ins, rec.global_batch),
         "slow_rank": cfg.job.slow_rank, "slow_factor": cfg.job.slow_factor,
-        "stragglers": ins.monitor.episodes() if ins.monitor is not None else [],
-        "calibrated_compute_s": (ins.sleep.total_fwd_s + ins.sleep.total_bwd_s) if ins.sleep else None,
+        "stragglers": [], "calibrated_compute_s": None,  # the monitor's and the sleep test's, when on (below)
         "restarts": rec.restarts, "steps_redone": rec.steps_redone,
         "resumed_from_step": rec.start_step, "preempted": rec.preempted,
         "wall_s": time.perf_counter() - losses.t_loop, "config": config_to_dict(cfg), "loss_curve": losses.curve,
@@ -100,7 +105,7 @@ def build_summary(cfg: Config, env: DistEnv, st: Strategy, ins: Instruments, los
         out["metrics_jsonl"] = rec.metrics_jsonl
     if optimizer is not None:
         out.update(st.report(optimizer, ins.warm, a.comm))
-    out.update(ins.artefacts)
+    out.update(ins.summary())  # the active instruments' fields and artefacts
     out.update(rec.extra)
     return out
 
@@ -125,18 +130,18 @@ def _loader_fields(loader: Any, env: DistEnv, shards: int) -> dict[str, Any]:
     return {"data_samples_per_s": rate.item() * shards, "data_skipped": int(skipped.item())}
 
 
-def _rank_fields(per_rank: list[Any], ins: Instruments, global_batch: int) -> dict[str, Any]:
+def _rank_fields(per_rank: list[RankStats], ins: Instruments, global_batch: int) -> dict[str, Any]:
     """Per-rank compute, step, data wait and CPU, the paired experiments' phases and the time accounting,
-    from ``local_stats``."""
-    reports = [r[6] for r in per_rank]
-    acct = merge_accounting(reports) if all(reports) else None
+    from every rank's ``local_stats``."""
+    reports = [r.accounting for r in per_rank if r.accounting]
+    acct = merge_accounting(reports) if len(reports) == len(per_rank) else None
     origin = reports[0]["origin"] if acct else 0.0  # rank 0's loop start: arrivals count from it
     return {
-        "phases": merge_phase_stats([r[4] for r in per_rank], global_batch, origin) if ins.plan else None,
+        "phases": merge_phase_stats([r.phases for r in per_rank], global_batch, origin) if ins.plan else None,
         "accounting": acct,
-        "rank_compute_s": [r[0] for r in per_rank], "rank_compute_spread": [r[1] for r in per_rank],
-        "rank_step_time_s": [r[2] for r in per_rank], "rank_data_wait_s": [r[3] for r in per_rank],
-        "rank_cpu_s": [r[5] for r in per_rank], "compute_s": per_rank[0][0],
+        "rank_compute_s": [r.compute_s for r in per_rank], "rank_compute_spread": [r.compute_spread for r in per_rank],
+        "rank_step_time_s": [r.step_time_s for r in per_rank], "rank_data_wait_s": [r.data_wait_s for r in per_rank],
+        "rank_cpu_s": [r.cpu_s for r in per_rank], "compute_s": per_rank[0].compute_s,
     }
 
 

@@ -15,8 +15,8 @@ from typing import Any, TypeGuard
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..data.loader import batch_len, move_to
-from .errors import RunError
+from ...data.loader import batch_len, move_to
+from ..errors import RunError
 
 __all__ = ["BatchSource", "is_batch_source"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import Config, config_to_dict
+from ...config import Config, config_to_dict
 from .metrics import MetricsLog
 from .progress import ProgressView
 

@@ -8,7 +8,7 @@ from functools import cache
 
 import torch
 
-from ..costs.hardware import catalog
+from ...costs.hardware import catalog
 
 __all__ = ["Peak", "device_peak", "catalog_peak", "measured_peak", "precision_of", "bf16_native"]
 
