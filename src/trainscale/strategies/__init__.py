@@ -11,12 +11,13 @@ from torch import nn
 
 from ..config import StrategyConfig
 from ..distributed import DistEnv
+from ..log import logger
 from .amp import apply_amp, check_amp
 from .checks import check_strategy, check_transport
 from .comm import CommMeter
 from .ddp import allreduce_after_backward, apply_ddp, bucket_count, grad_buckets
 from .fsdp import FsdpState, checkpoint_units, shard_units
-from .layouts import Layout
+from .layouts import Bare, Layout
 from .layouts.ddp import ddp_layout
 from .layouts.fsdp import fsdp_layout
 from .layouts.pipeline import pipeline_layout
@@ -232,12 +233,12 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
     """The one place strategies are composed: device, precision, and the parallel layout, picked once.
 
     Pipeline stages (with DDP inside each stage's replicas; ``layers``: the model's layer names), FSDP2, DDP
-    (fusion, overlap, comm hooks, local SGD, bucket autotune).
+    (fusion, overlap, comm hooks, local SGD, bucket autotune), or, with no one to exchange with, the bare module.
 
     Example::
 
         strategy = apply_strategy(model, env, cfg.strategy)
-        strategy.layout_name    # 'ddp'
+        strategy.layout_name    # 'bare' at world size 1, 'ddp' above
     """
     check_strategy(cfg, env.world_size, env.local_world_size)
     check_transport(cfg, env.device.type, env.backend)
@@ -250,11 +251,27 @@ def apply_strategy(model: nn.Module, env: DistEnv, cfg: StrategyConfig, layers: 
 
 def _pick_layout(model: nn.Module, env: DistEnv, cfg: StrategyConfig, meter: CommMeter,
                  autocast: Callable[[], AbstractContextManager], layers: list[str] | None) -> Layout:
-    """Pipeline stages, FSDP2 or DDP."""
+    """Pipeline, FSDP2, DDP, or bare where there is no one to exchange gradients with (world size 1)."""
     if cfg.pipeline_stages > 1:  # one replica: its stages run without DDP (Pipeline._wrap)
         return pipeline_layout(model, env, cfg, autocast, meter, layers)
     if cfg.fsdp:
         return fsdp_layout(model, env, cfg, meter)
     if cfg.activation_checkpointing:
         checkpoint_units(shard_units(model, cfg.fsdp_modules))
-    return ddp_layout(model, env, cfg, meter)
+    if env.world_size > 1:
+        return ddp_layout(model, env, cfg, meter)
+    return bare_layout(model, env, cfg, meter)
+
+
+def bare_layout(model: nn.Module, env: DistEnv, cfg: StrategyConfig, meter: CommMeter) -> Bare:
+    """World size 1: the module as it is; what would shape an exchange has nothing to act on (one log line)."""
+    if env.device.type == "cpu":  # the accounting's backward tail is timed from the last gradient, as under DDP
+        meter.watch_gradients(model)
+    meter.fixed_bytes = 0.0
+    idle = [f for f, on in (("compression", cfg.compression != "none"), ("hierarchical", cfg.hierarchical),
+                            ("comm_groups", cfg.comm_groups > 1), ("local_sgd_period", cfg.local_sgd_period > 0),
+                            ("bucket_mb", cfg.bucket_mb == "auto")) if on]
+    if idle and env.is_main:
+        logger.info(f"world size 1: the model runs bare and nothing is exchanged; no effect: strategy."
+                    f"{', strategy.'.join(idle)}")
+    return Bare(model, meter)
