@@ -47,6 +47,7 @@ if mode == "plain":
     saved["ran_through"] = type(model).__name__
 else:
     import trainscale
+    from trainscale.strategies.ddp import is_compiled
 
     run = trainscale.init(args=["--log.progress", "none", "--job.threads", "1", "--strategy.bucket_mb", "0"])
     model = build()
@@ -61,6 +62,7 @@ else:
         run.step()
     saved["ran_through"] = type(run.strategy.model).__name__
     saved["wrapped"] = run.strategy.model is not run.strategy.module
+    saved["seen_compiled"] = is_compiled(run.strategy.module)
     saved["min_norm"] = min(norms)
     summary = run.finish()
     saved.update({k: summary.get(k) for k in ("layout", "allreduce_calls_per_step", "comm_bytes_per_step")})

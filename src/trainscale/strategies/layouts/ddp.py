@@ -2,7 +2,8 @@
 
 Comm hooks (compression, several communicators, hierarchical all-reduce, local SGD's warm-up) sit on the
 wrapper; local SGD's model averaging runs after the optimizer step; ``bucket_mb auto`` re-wraps the module
-with each candidate bucket size while it times them.
+with each candidate bucket size while it times them, except a compiled module, whose graphs dynamo splits at
+the buckets: it keeps one size (``ddp.compiled_bucket_mb`` says which, and a log line why).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ...distributed import DistEnv
 from ..autotune import BucketTuner, distinct_candidates
 from ..checks import needs_hook
 from ..comm import CommMeter
-from ..ddp import apply_ddp, bucket_count, grad_buckets
+from ..ddp import apply_ddp, bucket_count, compiled_bucket_mb, grad_buckets, is_compiled
 from ..hooks import CommHooks
 from ..local_sgd import apply_local_sgd
 from .bare import Bare
@@ -137,11 +138,15 @@ def ddp_layout(model: nn.Module, env: DistEnv, cfg: StrategyConfig, meter: CommM
     hooks = CommHooks(env, cfg, meter) if needs_hook(cfg) else None
     candidates = distinct_candidates(params, [float(c) for c in cfg.bucket_candidates.split(",")]) \
         if cfg.bucket_mb == "auto" else [float(cfg.bucket_mb)]
+    why_one = None
+    if is_compiled(model):  # a re-wrap would compile every graph again: one bucket size for the whole run
+        size, why_one = compiled_bucket_mb(cfg.bucket_mb, candidates)
+        candidates = [size]
     layout = DDPLayout(model, env, cfg, meter, hooks, candidates[0])
     layout.averaging = apply_local_sgd(model, env.world_size, cfg, meter)
     if not layout.hook_state:  # DDP's built-in all-reduce: the step's volume from the gradient sizes, no hook
         meter.fixed_bytes = collective_bytes("all_reduce", sum(q.numel() * q.element_size() for q in params),
                                              env.world_size)
     if cfg.bucket_mb == "auto":
-        layout.tuner = BucketTuner(candidates, cfg.autotune_steps, layout.rewrap, env.device)
+        layout.tuner = BucketTuner(candidates, cfg.autotune_steps, layout.rewrap, env.device, why_one)
     return layout
