@@ -175,7 +175,8 @@ class Run:
             self.meters.points.open()  # the tracker's import and set-up, before the first timed step
         announce(self.env, self.guard, st)
         seed_rank(self.cfg.job.seed, self.env.rank)
-        self.stepper = Stepper(st, optimizer, ins, PreparedModel(st), self.state, self.meters, self.feed)
+        prepared = PreparedModel(st, cast_outputs=self.cfg.strategy.amp_cast_outputs)
+        self.stepper = Stepper(st, optimizer, ins, prepared, self.state, self.meters, self.feed)
         st.memory.reset()  # the peak memory of training: model, shards and optimizer exist from here
         return self.stepper.model, optimizer, loader
 
@@ -197,7 +198,9 @@ class Run:
                 run.step()
         """
         stepper = self._need_prepared("batches")  # a generator: checked at the first batch, as before
-        yield from self.feed.batches(loader, steps, stepper.strategy, stepper.instruments)
+        for batch in self.feed.batches(loader, steps, stepper.strategy, stepper.instruments):
+            yield batch
+            stepper.model._end_autocast()  # the loop's body ended: so did its forward and loss
 
     def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
         """``run.backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule.
@@ -340,6 +343,8 @@ class Run:
         """After the last step (collective): loaders stopped, real modules back, local SGD's replicas averaged."""
         if not self.state.ended:
             self.state.ended = True
+            if self.stepper is not None:
+                self.stepper.end_loop()  # the autocast region closed, the loss windows still on their way logged
             ending.end_training(self.feed, self.meters, self.strategy, self.instruments, self.env.world_size)
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -370,6 +375,7 @@ class Run:
     def _need_prepared(self, what: str) -> Stepper:
         if self.stepper is None:
             raise RunError(f"run.{what}() needs run.prepare(model, optimizer, data) first")
+        self.stepper.model._end_autocast()  # any call into the run ends the forward's autocast region
         return self.stepper
 
     def _need_checkpointer(self, what: str) -> Checkpointer:
