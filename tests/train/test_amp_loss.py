@@ -187,3 +187,23 @@ def test_log_points_show_the_loops_own_losses_one_window_later_without_a_sync(tm
         assert row["samples_per_s"] > 0 and row["step_time_s"] > 0 and row["data_wait_s"] >= 0
     shown = re.findall(r"step (\d+)/7\s+loss (\S+)", capfd.readouterr().err)
     assert [(int(s), float(v)) for s, v in shown] == [(r["step"], round(r["loss"], 4)) for r in rows]
+
+
+def test_a_model_compiled_after_prepare_keeps_its_precision_through_the_cast():
+    """torch.compile of the prepared model cannot keep a region open past its graph: the forward's region ends
+    with it and the outputs come back in float32, as before (compile the model before ``run.prepare`` instead)."""
+    model, batches = model_and_batches(2)
+    want = plain_amp_losses(model, batches, F.cross_entropy, torch.device("cpu"), "bf16")
+    run, prepared = start(model)
+    compiled = torch.compile(prepared, backend="eager")
+    got = []
+    try:
+        for x, y in run.batches(feed(batches), steps=2):
+            out = compiled(x)
+            assert out.dtype == torch.float32 and not on()
+            got.append(F.cross_entropy(out, y))
+            run.backward(got[-1])
+            run.step()
+    finally:
+        run.finish()
+    torch.testing.assert_close(torch.stack(got).detach(), torch.stack(want), rtol=1e-6, atol=0)

@@ -21,8 +21,8 @@ class AutocastRegion:
     loss_fn(model(x), y)``. Losses on autocast's float32 list (``cross_entropy``, ``mse_loss``, ...) compute in
     float32 and no output is copied. Backward runs outside it, as the recipe says. Where autocast is on already
     (the user's own ``torch.autocast``), the forward runs in a nested region of the run's, as before, and the
-    user's region decides the loss's precision. ``scoped``: today's opt-in (``strategy.amp_cast_outputs``), the
-    region ends with the forward and the caller casts the outputs.
+    user's region decides the loss's precision. ``scoped``: the opt-in ``strategy.amp_cast_outputs``, the region
+    ends with the forward and the caller casts the outputs; so it does where torch.compile traces the forward.
 
     Example::
 
@@ -49,14 +49,18 @@ class AutocastRegion:
         """``fn(*args, **kwargs)`` under the run's autocast, the region left open for the loss."""
         if self.device is None:
             return fn(*args, **kwargs)
-        if self._open is None and not self.scoped and not torch.is_autocast_enabled(self.device):
+        if self._open is None and not self.scoped and not self.traced() and not torch.is_autocast_enabled(self.device):
             self._enter()
         if self._open is not None:
             return fn(*args, **kwargs)
         with self.factory():
             return fn(*args, **kwargs)
 
-    @torch.compiler.disable  # a region that outlives the frame: a model compiled after prepare breaks its graph here
+    def traced(self) -> bool:
+        """Whether torch.compile traces this forward (the prepared model compiled after ``run.prepare``): a region
+        cannot outlive the compiled frame, so it ends with the forward and the caller casts the outputs."""
+        return self.device is not None and torch.compiler.is_compiling()
+
     def _enter(self) -> None:
         region = self.factory()
         region.__enter__()

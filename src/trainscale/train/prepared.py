@@ -23,8 +23,9 @@ class PreparedModel(nn.Module):
     In eval mode or under ``no_grad`` the module runs directly: no collective, so uneven eval shards cannot hang.
     Under ``strategy.amp`` the outputs come back as autocast makes them and the loss computed from them runs under
     autocast too (see ``AutocastRegion``); ``cast_outputs`` (``strategy.amp_cast_outputs``) casts them to float32
-    instead, a copy of every output each step. FSDP's low-precision parameters without autocast are cast back so
-    that the loss keeps float32.
+    instead, a copy of every output each step; so does a prepared model compiled after ``run.prepare`` (compile
+    the model before it). FSDP's low-precision parameters without autocast are cast back so that the loss keeps
+    float32.
     """
 
     def __init__(self, strategy: Strategy, cast_outputs: bool = False):
@@ -41,8 +42,9 @@ class PreparedModel(nn.Module):
             raise RunError("a pipelined model trains through run.forward_backward(x, y, loss_fn), which runs the "
                            "schedule's micro-batches; call it instead of model(x) and run.backward")
         net = st.model if training else st.module
-        out = self._autocast_region.forward(net, *args, **kwargs)
-        return _to_float(out) if self._cast_outputs else out
+        region = self._autocast_region
+        out = region.forward(net, *args, **kwargs)
+        return _to_float(out) if self._cast_outputs or region.traced() else out
 
     def _end_autocast(self) -> None:
         """The run was called again: the forward's autocast region (open for the loss) ends here."""
