@@ -53,10 +53,12 @@ def test_no_sync_with_overlap_off_exchanges_once_at_the_step(tmp_path):
 
 
 def test_no_sync_is_refused_under_a_pipeline():
+    from trainscale.config import StrategyConfig
     from trainscale.strategies import CommMeter, Strategy
+    from trainscale.strategies.layouts.pipeline import PipelineLayout
 
-    st = Strategy(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), lambda: None, torch.amp.GradScaler("cpu", enabled=False),
-                  CommMeter(), 2, True)
-    st.pipe = object()  # type: ignore[assignment]
+    meter = CommMeter()
+    layout = PipelineLayout(torch.nn.Linear(2, 2), meter, object(), StrategyConfig())  # type: ignore[arg-type]
+    st = Strategy(layout, lambda: None, torch.amp.GradScaler("cpu", enabled=False), meter)
     with pytest.raises(RuntimeError, match="no_sync\\(\\) under a pipeline"):
         st.no_sync()

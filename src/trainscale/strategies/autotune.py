@@ -39,13 +39,15 @@ class BucketTuner:
 
     __slots__ = ("candidates", "measure", "rewrap", "device", "index", "count", "t0", "tried", "chosen")
 
-    def __init__(self, candidates: list[float], measure: int, rewrap: Callable[[float], None], device: torch.device):
+    def __init__(self, candidates: list[float], measure: int, rewrap: Callable[[float], None], device: torch.device,
+                 why_one: str | None = None):
+        """``why_one``: the line logged when a single candidate is given for a reason of the caller's."""
         self.candidates, self.measure, self.rewrap, self.device = candidates, measure, rewrap, device
         self.index, self.count, self.t0 = 0, 0, 0.0
         self.tried: dict[float, float] = {}
         self.chosen: float | None = candidates[0] if len(candidates) == 1 else None
         if self.chosen is not None:
-            logger.info(f"bucket autotune: every candidate gives one layout; using {self.chosen:g} MB")
+            logger.info(why_one or f"bucket autotune: every candidate gives one layout; using {self.chosen:g} MB")
 
     @property
     def active(self) -> bool:

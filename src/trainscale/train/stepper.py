@@ -42,7 +42,7 @@ class Stepper:
             self.backward(loss)
             return loss
         loss = st.pipeline_step(x, y, loss_fn, self.optimizer)
-        self.instruments.clock.add(st.pipe.busy_s[-1])  # type: ignore[union-attr]  # the stages time their own compute
+        self.instruments.clock.add(st.compute_s())  # the stages time their own compute
         self.meters.losses.add(loss if loss is not None else torch.zeros((), device=self.instruments.device))
         return loss
 
