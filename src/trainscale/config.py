@@ -347,7 +347,8 @@ class LogConfig(_Section):
     """What is shown and measured."""
 
     _name = "log"
-    every: int = _f(20, "fetch metrics from the device every N steps (no host sync on the others)")
+    every: int = _f(20, "fetch metrics from the device every N steps, without a host sync: each log point's row is "
+                        "written at the next one (the last at once)")
     skip_first: int = _f(3, "steps excluded from timing as warm-up")
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")
