@@ -119,6 +119,23 @@ def test_forward_backward_and_evaluate_follow_the_same_rule():
     assert not on()
 
 
+def test_a_loss_computed_inside_no_sync_still_runs_under_autocast():
+    """``out = model(x)``, then the loss inside ``run.no_sync()``: no_sync is no seam of the loss."""
+    model, batches = model_and_batches(2)
+    run, prepared = start(model)
+    try:
+        for x, y in run.batches(feed(batches), steps=2):
+            out = prepared(x)
+            with run.no_sync():
+                loss = F.cross_entropy(out, y)
+                assert on() and loss.dtype == torch.float32
+            run.backward(loss)
+            run.step()
+    finally:
+        run.finish()
+    assert not on()
+
+
 def test_amp_cast_outputs_is_the_opt_in_cast_back_to_float32():
     model, batches = model_and_batches(2)
     run, prepared = start(model, "--strategy.amp_cast_outputs", "true")

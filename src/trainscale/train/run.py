@@ -254,7 +254,9 @@ class Run:
                 run.clip_gradients(1.0)
                 run.step()
         """
-        return self._need_prepared("no_sync").no_sync()
+        # Not a seam of the loss: ``out = model(x)`` then ``with run.no_sync(): run.backward(loss_fn(out, y))``
+        # computes its loss inside the forward's autocast region still.
+        return self._need_prepared("no_sync", end_autocast=False).no_sync()
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce ``tensor`` in place over every rank (collective) and return it: sum, mean, max, min, product.
@@ -372,10 +374,11 @@ class Run:
         holders = [self.strategy, self.checkpointer, self.optimizer if self.owns_group else None]
         ending.end_groups(self.state, self.owns_group, self.guard, holders, barrier)
 
-    def _need_prepared(self, what: str) -> Stepper:
+    def _need_prepared(self, what: str, end_autocast: bool = True) -> Stepper:
         if self.stepper is None:
             raise RunError(f"run.{what}() needs run.prepare(model, optimizer, data) first")
-        self.stepper.model._end_autocast()  # any call into the run ends the forward's autocast region
+        if end_autocast:
+            self.stepper.model._end_autocast()  # a call into the run ends the forward's autocast region
         return self.stepper
 
     def _need_checkpointer(self, what: str) -> Checkpointer:
