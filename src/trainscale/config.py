@@ -216,6 +216,9 @@ class StrategyConfig(_Section):
     overlap: bool = _f(True, "true: all-reduce buckets as they become ready in backward; false: after backward")
     grad_accum: int = _f(1, "micro-steps per optimizer step; gradients are exchanged on the last one only")
     amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 uses a dynamic loss scaler and needs CUDA")
+    amp_cast_outputs: bool = _f(False, "under amp, cast the model's outputs back to float32 (a copy of each, every "
+                                       "step); off: the loss runs under autocast, which computes the losses on its "
+                                       "float32 list (cross_entropy, mse_loss, ...) in float32")
     broadcast_buffers: bool = _f(True, "sync BatchNorm running stats from rank 0 every forward (DDP's default)")
     hierarchical: bool = _f(False, "all-reduce in two levels: reduce-scatter inside each node, all-reduce across "
                             "nodes, all-gather inside each node")
@@ -350,7 +353,8 @@ class LogConfig(_Section):
     """What is shown and measured."""
 
     _name = "log"
-    every: int = _f(20, "fetch metrics from the device every N steps (no host sync on the others)")
+    every: int = _f(20, "fetch metrics from the device every N steps, without a host sync: each log point's row is "
+                        "written at the next one (the last at once)")
     skip_first: int = _f(3, "steps excluded from timing as warm-up")
     level: Literal["debug", "info", "warning"] = _f("info", "log level of rank 0 (other ranks log at debug)")
     progress: Literal["auto", "bar", "lines", "none"] = _f("auto", "auto: a progress bar on a terminal, lines otherwise")

@@ -72,11 +72,11 @@ def evaluate_batches(module: nn.Module, batches: Iterable[Any], device: torch.de
     module.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss x n, hits, n, n with accuracy
     for x, y in batches:
-        with autocast():
+        with autocast():  # the forward and the loss, as in training: nothing cast back
             out = module(x)
-        out = out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+            loss = loss_fn(out, y)
         n = len(y)
-        sums[0] += loss_fn(out, y).double() * n
+        sums[0] += loss.double() * n
         sums[2] += n
         if torch.is_tensor(out) and out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
             sums[1] += (out.argmax(1) == y).sum()

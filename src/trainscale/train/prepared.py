@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..strategies import Strategy
+from .autocast_region import AutocastRegion
 from .errors import RunError
 
 __all__ = ["PreparedModel"]
@@ -20,11 +21,19 @@ class PreparedModel(nn.Module):
     A stable handle: ``bucket_mb auto`` may re-wrap the module in a new DDP mid-run. ``state_dict``,
     ``parameters`` and attributes are the user's own module's (no ``module.`` prefix in checkpoints).
     In eval mode or under ``no_grad`` the module runs directly: no collective, so uneven eval shards cannot hang.
+    Under ``strategy.amp`` the outputs come back as autocast makes them and the loss computed from them runs under
+    autocast too (see ``AutocastRegion``); ``cast_outputs`` (``strategy.amp_cast_outputs``) casts them to float32
+    instead, a copy of every output each step; so does a prepared model compiled after ``run.prepare`` (compile
+    the model before it). FSDP's low-precision parameters without autocast are cast back so that the loss keeps
+    float32.
     """
 
-    def __init__(self, strategy: Strategy):
+    def __init__(self, strategy: Strategy, cast_outputs: bool = False):
         super().__init__()
         object.__setattr__(self, "_strategy", strategy)  # not a submodule: the parameters are the module's
+        region = AutocastRegion(strategy.autocast, scoped=cast_outputs)
+        object.__setattr__(self, "_autocast_region", region)
+        object.__setattr__(self, "_cast_outputs", strategy.amp and (cast_outputs or region.device is None))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         st = self._strategy
@@ -33,9 +42,13 @@ class PreparedModel(nn.Module):
             raise RunError("a pipelined model trains through run.forward_backward(x, y, loss_fn), which runs the "
                            "schedule's micro-batches; call it instead of model(x) and run.backward")
         net = st.model if training else st.module
-        with st.autocast():
-            out = net(*args, **kwargs)
-        return _to_float(out) if st.amp else out
+        region = self._autocast_region
+        out = region.forward(net, *args, **kwargs)
+        return _to_float(out) if self._cast_outputs or region.traced() else out
+
+    def _end_autocast(self) -> None:
+        """The run was called again: the forward's autocast region (open for the loss) ends here."""
+        self._autocast_region.close()
 
     @property
     def module(self) -> nn.Module:
@@ -60,6 +73,7 @@ class PreparedModel(nn.Module):
         return self._strategy.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def train(self, mode: bool = True) -> PreparedModel:
+        self._autocast_region.close()
         self._strategy.module.train(mode)
         return super().train(mode)
 
@@ -71,7 +85,7 @@ class PreparedModel(nn.Module):
 
 
 def _to_float(out: Any) -> Any:
-    """Mixed-precision outputs back to float32, so the user's loss is computed in full precision."""
+    """Low-precision outputs back to float32 (a copy of each): the opt-in ``strategy.amp_cast_outputs``."""
     if torch.is_tensor(out):
         return out.float() if out.is_floating_point() and out.dtype != torch.float32 else out
     if isinstance(out, dict):

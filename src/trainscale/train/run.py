@@ -198,7 +198,9 @@ class Run:
                 run.step()
         """
         stepper = self._need_prepared("batches")  # a generator: checked at the first batch, as before
-        yield from self.feed.batches(loader, steps, stepper.parts)
+        for batch in self.feed.batches(loader, steps, stepper.parts):
+            yield batch
+            stepper.model._end_autocast()  # the loop's body ended: so did its forward and loss
 
     def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
         """``run.backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule.
@@ -252,7 +254,9 @@ class Run:
                 run.clip_gradients(1.0)
                 run.step()
         """
-        return self._need_prepared("no_sync").no_sync()
+        # Not a seam of the loss: ``out = model(x)`` then ``with run.no_sync(): run.backward(loss_fn(out, y))``
+        # computes its loss inside the forward's autocast region still.
+        return self._need_prepared("no_sync", end_autocast=False).no_sync()
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce ``tensor`` in place over every rank (collective) and return it: sum, mean, max, min, product.
@@ -341,6 +345,8 @@ class Run:
         """After the last step (collective): loaders stopped, real modules back, local SGD's replicas averaged."""
         if not self.state.ended:
             self.state.ended = True
+            if self.stepper is not None:
+                self.stepper.end_loop()  # the autocast region closed, the loss windows still on their way logged
             ending.end_training(self.ctx, self.feed, self.strategy, self.instruments)
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -368,9 +374,11 @@ class Run:
         holders = [self.strategy, self.checkpointer, self.optimizer if self.owns_group else None]
         ending.end_groups(self.state, self.owns_group, self.guard, holders, barrier)
 
-    def _need_prepared(self, what: str) -> Stepper:
+    def _need_prepared(self, what: str, end_autocast: bool = True) -> Stepper:
         if self.stepper is None:
             raise RunError(f"run.{what}() needs run.prepare(model, optimizer, data) first")
+        if end_autocast:
+            self.stepper.model._end_autocast()  # a call into the run ends the forward's autocast region
         return self.stepper
 
     def _need_checkpointer(self, what: str) -> Checkpointer:

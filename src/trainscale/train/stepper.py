@@ -32,7 +32,7 @@ class Stepper:
         self.strategy, self.optimizer, self.instruments = parts.strategy, parts.optimizer, parts.instruments
         self.state, self.meters = ctx.state, ctx.meters
         self.accum = ctx.cfg.strategy.grad_accum  # micro-batches per optimizer step
-        self.model = PreparedModel(parts.strategy)  # the user's handle on the strategy's model
+        self.model = PreparedModel(parts.strategy, cast_outputs=ctx.cfg.strategy.amp_cast_outputs)  # the user's handle
 
     def forward_backward(self, x: Any, y: Any, loss_fn: Any) -> torch.Tensor | None:
         """``backward(loss_fn(model(x), y))``, or, pipelined, every micro-batch through the schedule."""
@@ -52,6 +52,7 @@ class Stepper:
         if not torch.is_tensor(loss) or loss.numel() != 1:
             shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
             raise RunError(f"run.backward: the loss must be a scalar tensor, got {shape}; reduce it (e.g. .mean())")
+        self.model._end_autocast()  # the loss is computed: backward runs outside autocast, as PyTorch's recipe says
         loss = loss / accum if accum > 1 else loss
         scaled = st.scaler.scale(loss)
         self.instruments.watch(scaled)
@@ -62,6 +63,7 @@ class Stepper:
 
     def clip_gradients(self, max_norm: float, norm_type: float) -> torch.Tensor | None:
         """The whole model's gradients exchanged, unscaled and clipped; None on a micro-batch mid-accumulation."""
+        self.model._end_autocast()
         if not self.state.last_micro(self.accum):
             return None  # the gradients are not complete yet
         if self.optimizer is None:
@@ -90,6 +92,7 @@ class Stepper:
     def step(self) -> bool:
         """The optimizer step on the last micro-batch of an accumulation; whether one was taken."""
         st, ins, state, opt = self.strategy, self.instruments, self.state, self.optimizer
+        self.model._end_autocast()
         state.micro += 1
         if state.micro < self.accum:
             return False
@@ -115,9 +118,21 @@ class Stepper:
         return True
 
     def _log_point(self) -> None:
-        """At a log point, the loss window's figures to the progress line, metrics.jsonl and the tracker."""
-        state, ins, points = self.state, self.instruments, self.meters.points
-        point = self.meters.losses.step_done(state.step_count, state.step_count == state.total_steps,
-                                             self.strategy.share_loss)
+        """At a log point, the loss window closes; the windows whose loss has reached the host go to the progress
+        line, metrics.jsonl and the tracker (the one before this, or this one at the last step)."""
+        state, ins = self.state, self.instruments
+        last = state.step_count == state.total_steps
+        point = self.meters.losses.step_done(state.step_count, last, self.strategy.share_loss)
         if point is not None:
-            points.log(state.step_count, point, self.feed.global_batch, ins.take_window_wait(), ins.scores())
+            point["wait_s"] = ins.take_window_wait()
+            point["scores"] = ins.scores()
+            self._log_ready(last)
+
+    def _log_ready(self, final: bool) -> None:
+        for point in self.meters.losses.ready(final):
+            self.meters.points.log(point["step"], point, self.feed.global_batch, point["wait_s"], point["scores"])
+
+    def end_loop(self) -> None:
+        """The loop ended (at its last step or early): no autocast region left open, every closed window logged."""
+        self.model._end_autocast()
+        self._log_ready(final=True)
