@@ -215,7 +215,7 @@ def main() -> None:
     p.add_argument("--eval-batches", type=int, default=16, help="validation batches, split over the ranks")
     p.add_argument("--chars", type=int, default=200_000, help="characters of generated training text")
     p.add_argument("--sample", type=int, default=200, help="characters sampled at the end (0: none)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model before run.prepare")
     p.add_argument("--slow-input-ms", type=float, default=0.0,
                    help="planted fault for the doctor: a disk shared by this machine's processes, this slow per "
                         "sequence read")
@@ -242,12 +242,12 @@ def main() -> None:
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     data = with_sample_delay(train, args.slow_input_ms, scope="node")  # the dataset itself when no delay
     loader = DataLoader(data, batch_size=args.batch_size * args.accum, shuffle=True)  # K micro-batches at once
+    if args.compile:
+        # Before prepare (docs/run-api.md): one graph on one process, the graph cut at DDP's buckets on several,
+        # and the loss under the forward's autocast region, nothing cast back.
+        model = torch.compile(model)
     model, optimizer, loader = run.prepare(model, optimizer, loader)
     raw = model  # the prepared model: state_dict, eval, generate
-    if args.compile:
-        # After prepare: dynamo traces through DDP and cuts the graph at its bucket boundaries (DDPOptimizer),
-        # so the exchange still overlaps backward. ``raw`` stays the uncompiled handle.
-        model = torch.compile(model)
     if run.is_main:
         n = sum(q.numel() for q in raw.parameters())
         print(f"GPT: {n / 1e6:.2f} M parameters, vocabulary {len(chars)}, context {args.block}; "
