@@ -56,8 +56,6 @@ def test_goyal_setting_runs_and_sits_near_the_published_90_percent(tmp_path):
 
 
 def test_framework_overhead_fitted_and_a_gpu_by_datasheet(tmp_path):
-    from trainscale.costs.overhead import fitted_overhead
-
     args = ["plan", "--params", "8.03B", "--gpu", "name=H200,bf16=989T,mem=4.8TB/s", "--precision", "bf16",
             "--samples-per-s-1", "2.6", "--batch-size", "2", "--nodes", "1,4", "--intra", "nvlink4", "--inter",
             "3200gbps", "--framework-overhead", "fitted", "--out", str(tmp_path / "plan"),
@@ -65,10 +63,11 @@ def test_framework_overhead_fitted_and_a_gpu_by_datasheet(tmp_path):
     r = run_cli(args, timeout=60)
     assert r.rc == 0, r.err
     doc = json.loads((tmp_path / "p.json").read_text())
-    kappa = fitted_overhead("bf16")
-    assert str(kappa) in doc["assumptions"]["framework_overhead"]
+    for key in ("spread", "host_jitter_s", "reducer_s_per_param"):  # measurable terms, no constant per precision
+        term = doc["assumptions"][key]
+        assert term["unit"] and term["source"] and term["measure"] and term["value"] >= 0, key
     plain = run_cli([*args[:-6], "--out", str(tmp_path / "p0"), "--json", str(tmp_path / "p0.json")], timeout=60)
     assert plain.rc == 0, plain.err
     without = json.loads((tmp_path / "p0.json").read_text())["points"]
-    for p, q in zip(doc["points"], without):  # 1 / efficiency grows by kappa at every world size > 1
-        assert 1 / p["efficiency"] == pytest.approx(1 / q["efficiency"] + kappa)
+    lost = [1 / p["efficiency"] - 1 / q["efficiency"] for p, q in zip(doc["points"], without)]
+    assert 0 < lost[0] < lost[1]  # the slowest of 32 ranks is later than the slowest of 8

@@ -96,6 +96,7 @@ class ClusterSpec:
     replay_hier: dict[int, dict[str, Any]] = field(default_factory=dict)
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
+    nics_per_node: int = 1                    # network adapters a node's GPUs share (DGX A100: 8, one per GPU)
 
     @classmethod
     def from_catalog(cls, gpu_name: str | None, gpus_per_node: int, intra: str, inter: str,
@@ -124,7 +125,8 @@ class ClusterSpec:
         assert self.intra is not None and self.inter is not None
         local = min(world, self.gpus_per_node)
         nodes = max(1, world // self.gpus_per_node)
-        inter_bw = self.inter.bytes_per_s * self.net_efficiency
+        # NCCL spreads its rings over the node's adapters: L GPUs share min(L, NICs) of them.
+        inter_bw = self.inter.bytes_per_s * self.net_efficiency * max(1, min(local, self.nics_per_node))
         if hierarchical and nodes > 1 and local > 1:
             intra = AlphaBeta(self.intra.hop_s, 1 / self.intra.bytes_per_s)
             # The L local ranks each run an inter-node ring on their 1/L shard at once: they share the NIC.
@@ -452,8 +454,3 @@ def forecast(job: Job, cluster: ClusterSpec, strategy: StrategySpec, worlds: lis
         p.comm_overhead_s = p.step_time_s - one.step_time_s
         points.append(p)
     return points
-
-
-def with_job(job: Job, **changes: Any) -> Job:
-    """A copy of ``job`` with fields changed."""
-    return replace(job, **changes)

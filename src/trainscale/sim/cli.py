@@ -91,8 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     a("--mfu", type=float, default=0.4, help="share of peak FLOP/s the job reaches (FLOP estimate only; default 0.4)")
     a("--framework-overhead", default="0", metavar="KAPPA",
       help="with --gpu: add KAPPA x the 1-device step to every step at more than one device, what frameworks lose "
-           "beyond communication; 'fitted': the catalogue's constant for --precision's class, fitted on published "
-           "tables (docs/plan.md, held-out check); default 0")
+           "beyond communication; 'fitted': the catalogue's measurable terms instead (step spread, host jitter, "
+           "DDP's time per parameter; costs/catalog.json scale_terms, scored leave-one-source-out in docs/plan.md); "
+           "default 0")
+    a("--host-sync", action="store_true", help="the step waits for the host every step (a loss scaler's overflow "
+                                               "check, loss.item()): the host's jitter adds to the slowest rank")
     a("--measured", help="measured speed-ups W:S,... (e.g. 4:3.15,8:4.79) or a bench.json: says whether the "
                          "forecast explains them")
     a("--json", metavar="PATH", help="write the forecast as JSON ({points: [...], assumptions: {...}})")
@@ -230,15 +233,26 @@ def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any])
 
 
 def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any, assumptions: dict[str, Any]) -> list[Any]:
-    """The points with ``--framework-overhead`` added (a catalogue forecast only: a calibration measures it)."""
-    from ..costs.overhead import fitted_overhead, precision_class, with_overhead
+    """The points with what a step loses beyond communication at P > 1 (a catalogue forecast only: a calibration
+    measures the host it ran on): a given share of the 1-device step, or with ``fitted`` the catalogue's measurable
+    terms (``costs/scale.py``): the slowest of P ranks and DDP's own time per parameter."""
+    from ..costs.hardware import catalog
+    from ..costs.scale import catalog_terms, with_extra
 
-    kappa = fitted_overhead(a.precision) if a.framework_overhead == "fitted" else float(a.framework_overhead)
-    if kappa:
-        how = (f"fitted for {precision_class(a.precision)} precision (catalog.json)" if a.framework_overhead == "fitted"
-               else "given")
-        assumptions["framework_overhead"] = f"{kappa:g} x the 1-device step added at P > 1 ({how})"
-    return with_overhead(points, job.step_s, kappa)
+    if a.framework_overhead != "fitted":
+        kappa = float(a.framework_overhead)
+        if kappa:
+            assumptions["framework_overhead"] = {"value": kappa, "unit": "s/s (share of the 1-device step at P > 1)",
+                                                 "source": "given (--framework-overhead)"}
+        return with_extra(points, lambda w: kappa * job.step_s)
+    t = catalog_terms()
+    c = catalog()["scale_terms"]
+    for key in ("spread", "host_jitter_s", "reducer_s_per_param"):
+        assumptions[key] = {"value": c[key]["value"], "unit": c[key]["unit"], "what": c[key]["what"],
+                            "source": "assumed: " + c["source"], "measure": c[key]["measure"]}
+    assumptions["host_sync"] = {"value": a.host_sync, "unit": "yes/no", "source": "given (--host-sync)"}
+    ddp = 0.0 if a.fsdp_units else job.params
+    return with_extra(points, lambda w: t.wait_s(job.compute_s, w, a.host_sync) + t.reducer_s(ddp, w))
 
 
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
