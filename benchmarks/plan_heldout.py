@@ -2,7 +2,7 @@
 
 Reads ``tests/sim/heldout_scaling.json`` (every point: its source, table, URL, the inputs as the source states them
 and every assumption). The planner's only fitted quantities are the noise and reducer terms of
-``trainscale.costs.scale`` (units: s/s, seconds, seconds per parameter); for each source in turn they are fitted on
+``trainscale.costs.scale`` (units: s/s, seconds, passes over the gradient bytes); for each source in turn they are fitted on
 every other source and that source is forecast with them. Prints every point (published efficiency, forecast,
 error = forecast - published in efficiency points), the per-source table and the overall mean and max absolute
 error. ``--fit`` fits the terms on all sources and says whether ``costs/catalog.json`` holds that fit (exit 1 if
@@ -35,24 +35,24 @@ def per_source(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """Per source: points, mean and max absolute error (efficiency points), the terms fitted without it."""
     out: dict[str, dict[str, Any]] = {}
     for src in dict.fromkeys(r.source for r in rows):
-        errs = [abs(r.error) for r in rows if r.source == src]
+        errs = [abs(r.error) for r in rows if r.source == src and r.scored]
         t = next(r.terms for r in rows if r.source == src)
         out[src] = {"points": len(errs), "mean_abs_error": round(100 * sum(errs) / len(errs), 2),
                     "max_abs_error": round(100 * max(errs), 2),
                     "fitted_without_it": {"spread": t.spread, "host_jitter_ms": round(t.host_jitter_s * 1e3, 2),
-                                          "reducer_ns_per_param": round(t.reducer_s_per_param * 1e9, 3)}}
+                                          "reducer_passes": t.reducer_passes}}
     return out
 
 
 def _print(rows: list[Row], table: dict[str, dict[str, Any]]) -> None:
     print(f"{'point':48s} {'published':>9s} {'forecast':>8s} {'error':>7s}")
     for r in rows:
-        print(f"{r.id:48s} {r.published:9.3f} {r.forecast:8.3f} {100 * r.error:+7.1f}")
+        print(f"{r.id:48s} {r.published:9.3f} {r.forecast:8.3f} {100 * r.error:+7.1f}" + ("" if r.scored else "  not scored"))
     print("\n| source | points | mean abs error | max abs error | terms fitted without it |\n|---|---:|---:|---:|---|")
     for src, s in table.items():
         f = s["fitted_without_it"]
         print(f"| {_short(src)} | {s['points']} | {s['mean_abs_error']:.2f} | {s['max_abs_error']:.2f} | "
-              f"spread {f['spread']:g}, host jitter {f['host_jitter_ms']:g} ms, reducer {f['reducer_ns_per_param']:g} ns/param |")
+              f"spread {f['spread']:g}, host jitter {f['host_jitter_ms']:g} ms, reducer {f['reducer_passes']:g} passes |")
 
 
 def _plot(rows: list[Row], path: Path) -> None:
@@ -84,7 +84,7 @@ def _check_fit(points: list[dict[str, Any]]) -> bool:
     """Fit the terms on every source and compare with the catalogue's ``scale_terms``."""
     t = fit_terms(points)
     stored = catalog()["scale_terms"]
-    fitted = {"spread": t.spread, "host_jitter_s": t.host_jitter_s, "reducer_s_per_param": t.reducer_s_per_param}
+    fitted = {"spread": t.spread, "host_jitter_s": t.host_jitter_s, "reducer_passes": t.reducer_passes}
     same = all(abs(fitted[k] - float(stored[k]["value"])) < 1e-12 for k in fitted)
     print(f"fitted on all {len({p['source']['url'].split('#')[0] for p in points})} sources: {fitted}; "
           f"costs/catalog.json scale_terms: { {k: stored[k]['value'] for k in fitted} }" + ("" if same else "  <- differs"))
@@ -106,10 +106,14 @@ def main() -> int:
     if a.plot:
         _plot(rows, a.plot)
         print(f"wrote {a.plot}")
-    errs = [abs(r.error) for r in rows]
-    worst = max(rows, key=lambda r: abs(r.error))
+    scored = [r for r in rows if r.scored]
+    errs, every = [abs(r.error) for r in scored], [abs(r.error) for r in rows]
+    worst = max(scored, key=lambda r: abs(r.error))
     print(json.dumps({"mean_abs_error": round(100 * sum(errs) / len(errs), 2), "max_abs_error": round(100 * max(errs), 2),
-                      "points": len(rows), "sources": len(table), "worst": worst.id,
+                      "points": len(scored), "sources": len(table), "worst": worst.id,
+                      "not_scored": [r.id for r in rows if not r.scored],
+                      "with_not_scored": {"mean_abs_error": round(100 * sum(every) / len(every), 2),
+                                          "max_abs_error": round(100 * max(every), 2)},
                       "error_unit": "efficiency points (forecast - published), each source forecast with terms fitted "
                                     "on the others", "per_source": table}))
     return 0

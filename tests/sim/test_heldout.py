@@ -17,7 +17,7 @@ POINTS = TABLE["points"]
 # states them, never a multi-device figure of the same source.
 SETTING_KEYS = {"kind", "gpu", "gpus_per_node", "intra", "inter", "nics_per_node", "params", "model", "batch_size",
                 "samples_per_s_1", "precision", "bucket_mb", "hierarchical", "overlap", "accumulation", "grad_bytes",
-                "host_sync", "linear_precision", "mfu", "gather_bytes", "reduce_bytes", "layers", "layer_params",
+                "host_sync", "bucket_view", "linear_precision", "mfu", "gather_bytes", "reduce_bytes", "layers", "layer_params",
                 "root_params", "tokens_per_step", "linear_flops_per_token", "attention_flops_per_token",
                 "head_flops_per_token"}
 

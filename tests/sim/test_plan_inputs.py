@@ -63,7 +63,7 @@ def test_framework_overhead_fitted_and_a_gpu_by_datasheet(tmp_path):
     r = run_cli(args, timeout=60)
     assert r.rc == 0, r.err
     doc = json.loads((tmp_path / "p.json").read_text())
-    for key in ("spread", "host_jitter_s", "reducer_s_per_param"):  # measurable terms, no constant per precision
+    for key in ("spread", "host_jitter_s", "reducer_passes"):  # measurable terms, no constant per precision
         term = doc["assumptions"][key]
         assert term["unit"] and term["source"] and term["measure"] and term["value"] >= 0, key
     plain = run_cli([*args[:-6], "--out", str(tmp_path / "p0"), "--json", str(tmp_path / "p0.json")], timeout=60)

@@ -24,10 +24,10 @@ from .scale import ScaleTerms
 
 __all__ = ["Row", "Parts", "source_of", "parts", "forecast_point", "fit_terms", "leave_one_source_out", "evaluate"]
 
-# The grid the terms are fitted on: spread (s/s), host jitter (seconds), reducer time (seconds per parameter).
+# The grid the terms are fitted on: spread (s/s), host jitter (seconds), reducer time (passes over the gradients).
 SPREADS = [i * 0.005 for i in range(13)]
 JITTERS = [i * 0.001 for i in range(31)]
-REDUCER = [i * 0.05e-9 for i in range(21)]
+REDUCER = [i * 2.0 for i in range(31)]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Row:
     published: float
     forecast: float
     terms: ScaleTerms
+    scored: bool = True  # False: forecast and printed, not counted (the point says why)
 
     @property
     def error(self) -> float:
@@ -54,12 +55,12 @@ class Parts:
     compute_s: float
     accumulation: int
     host_sync: bool
-    reducer_params: float = 0.0  # parameters whose gradients go through DDP's reducer (0: a flat all-reduce)
+    pass_s: float = 0.0  # one pass over the gradient bytes the reducer handles, at memory bandwidth (0: none)
 
     def efficiency(self, world: int, terms: ScaleTerms) -> float:
         """``one_s`` over the step at ``world`` with the wait for its slowest rank and DDP's own time."""
         wait = terms.wait_s(self.compute_s, world, self.host_sync, self.accumulation)
-        return self.one_s / (self.step_s + wait + terms.reducer_s(self.reducer_params, world))
+        return self.one_s / (self.step_s + wait + terms.reducer_s(self.pass_s, world))
 
 
 def source_of(point: dict[str, Any]) -> str:
@@ -95,8 +96,9 @@ def _ddp(m: dict[str, Any], world: int) -> Parts:
     strategy = StrategySpec(bucket_mb=float(m.get("bucket_mb", 25.0)), overlap=bool(m.get("overlap", True)),
                             hierarchical=bool(m.get("hierarchical", False)))
     p = forecast(job, cluster, strategy, [world])[0]
-    reducer = params if m.get("overlap", True) else 0.0  # a post-accumulation flat all-reduce skips the reducer
-    return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), reducer)
+    from .hardware import gpu as _gpu
+    copied = 0.0 if m.get("bucket_view") else params * grad_bytes / (_gpu(m["gpu"]).mem_gbs * 1e9)  # gradient_as_bucket_view: no copy in or out
+    return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), copied)
 
 
 def _fsdp(m: dict[str, Any], world: int) -> Parts:
@@ -139,6 +141,8 @@ def _loss(cached: Sequence[tuple[dict[str, Any], Parts, Parts | None]], terms: S
     """Mean over sources of each source's mean absolute error (every source weighs the same)."""
     by: dict[str, list[float]] = {}
     for p, pw, pb in cached:
+        if not p.get("scored", True):
+            continue
         by.setdefault(source_of(p), []).append(abs(_ratio(p, pw, pb, terms) - p["published"]["efficiency"]))
     return sum(sum(v) / len(v) for v in by.values()) / len(by)
 
@@ -151,7 +155,7 @@ def fit_terms(points: Iterable[dict[str, Any]]) -> ScaleTerms:
 
 def _fit_cached(cached: Sequence[tuple[dict[str, Any], Parts, Parts | None]]) -> ScaleTerms:
     grid = (ScaleTerms(s, j, r) for s in SPREADS for j in JITTERS for r in REDUCER)
-    return min(grid, key=lambda t: (_loss(cached, t), t.spread, t.host_jitter_s, t.reducer_s_per_param))
+    return min(grid, key=lambda t: (_loss(cached, t), t.spread, t.host_jitter_s, t.reducer_passes))
 
 
 def leave_one_source_out(points: Sequence[dict[str, Any]]) -> list[Row]:
@@ -160,11 +164,12 @@ def leave_one_source_out(points: Sequence[dict[str, Any]]) -> list[Row]:
     rows = []
     for src in dict.fromkeys(source_of(p) for p in points):
         terms = _fit_cached([c for c in cached if source_of(c[0]) != src])
-        rows += [Row(p["id"], src, p["published"]["efficiency"], _ratio(p, pw, pb, terms), terms)
+        rows += [Row(p["id"], src, p["published"]["efficiency"], _ratio(p, pw, pb, terms), terms, p.get("scored", True))
                  for p, pw, pb in cached if source_of(p) == src]
     return rows
 
 
 def evaluate(points: Iterable[dict[str, Any]], terms: ScaleTerms) -> list[Row]:
     """Every point's published value against its forecast with the same ``terms`` (no source left out)."""
-    return [Row(p["id"], source_of(p), p["published"]["efficiency"], forecast_point(p, terms), terms) for p in points]
+    return [Row(p["id"], source_of(p), p["published"]["efficiency"], forecast_point(p, terms), terms, p.get("scored", True))
+            for p in points]

@@ -6,9 +6,11 @@ sources of that noise, each a quantity a user measures on one device of their ow
 
 * ``spread``: (p90 - p10) / median of the device's step time (s/s); the device's own noise, a share of the step.
   An optimizer step of ``A`` accumulated micro-steps averages ``A`` independent noises: its spread is ``/ sqrt(A)``.
-* ``reducer_s_per_param``: what DDP's reducer adds per gradient parameter at P > 1 beyond the wire (copies into
-  and out of its buckets, hooks, waits on the communication stream), seconds per parameter; measured as the step
-  at 2 ranks with the all-reduce skipped minus the step at 1 (the doctor's no-exchange experiment).
+* ``reducer_passes``: what the data-parallel reducer adds per step at P > 1 beyond the wire (copies into and out of
+  its buckets, hooks, waits on the communication stream), counted in passes over the gradient bytes at the GPU's
+  memory bandwidth (a datasheet figure), so it moves with the model's size and the GPU; measured as the step at 2
+  ranks with the all-reduce skipped minus the step at 1 (the doctor's no-exchange experiment), over one pass.
+  ``gradient_as_bucket_view`` (no copies) and FSDP leave it out.
 * ``host_jitter_s``: the standard deviation of the host's time per step (seconds), felt only where the step waits
   for the host every step (``host_sync``: a loss scaler reading its overflow flag, a ``loss.item()``); otherwise the
   queue of launched kernels absorbs it.
@@ -45,11 +47,12 @@ class ScaleTerms:
 
     spread: float = 0.0          # (p90 - p10) / median of one device's step time
     host_jitter_s: float = 0.0   # standard deviation of the host's time per step, seconds
-    reducer_s_per_param: float = 0.0  # DDP's own time per gradient parameter per step at P > 1, seconds
+    reducer_passes: float = 0.0  # the reducer's own time per step at P > 1, in passes over the gradient bytes
 
-    def reducer_s(self, params: float, world: int) -> float:
-        """DDP's time per step at ``world`` beyond the wire: its buckets' copies, hooks and stream waits."""
-        return self.reducer_s_per_param * params if world > 1 else 0.0
+    def reducer_s(self, pass_s: float, world: int) -> float:
+        """The reducer's time per step at ``world`` beyond the wire, ``pass_s`` the time of one pass over the
+        gradients (their bytes over the GPU's memory bandwidth)."""
+        return self.reducer_passes * pass_s if world > 1 else 0.0
 
     def sigma_s(self, compute_s: float, host_sync: bool, accumulation: int = 1) -> float:
         """The standard deviation of one rank's optimizer step (device noise and, where synced, host noise)."""
@@ -67,8 +70,7 @@ def catalog_terms() -> ScaleTerms:
     from .hardware import catalog
 
     c = catalog()["scale_terms"]
-    return ScaleTerms(float(c["spread"]["value"]), float(c["host_jitter_s"]["value"]),
-                      float(c["reducer_s_per_param"]["value"]))
+    return ScaleTerms(float(c["spread"]["value"]), float(c["host_jitter_s"]["value"]), float(c["reducer_passes"]["value"]))
 
 
 def with_extra(points: list[Any], extra_s: Callable[[int], float]) -> list[Any]:

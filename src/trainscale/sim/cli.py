@@ -236,7 +236,7 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
     """The points with what a step loses beyond communication at P > 1 (a catalogue forecast only: a calibration
     measures the host it ran on): a given share of the 1-device step, or with ``fitted`` the catalogue's measurable
     terms (``costs/scale.py``): the slowest of P ranks and DDP's own time per parameter."""
-    from ..costs.hardware import catalog
+    from ..costs.hardware import catalog, gpu
     from ..costs.scale import catalog_terms, with_extra
 
     if a.framework_overhead != "fitted":
@@ -247,12 +247,13 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
         return with_extra(points, lambda w: kappa * job.step_s)
     t = catalog_terms()
     c = catalog()["scale_terms"]
-    for key in ("spread", "host_jitter_s", "reducer_s_per_param"):
+    for key in ("spread", "host_jitter_s", "reducer_passes"):
         assumptions[key] = {"value": c[key]["value"], "unit": c[key]["unit"], "what": c[key]["what"],
                             "source": "assumed: " + c["source"], "measure": c[key]["measure"]}
     assumptions["host_sync"] = {"value": a.host_sync, "unit": "yes/no", "source": "given (--host-sync)"}
-    ddp = 0.0 if a.fsdp_units else job.params
-    return with_extra(points, lambda w: t.wait_s(job.compute_s, w, a.host_sync) + t.reducer_s(ddp, w))
+    mem = gpu(a.gpu).mem_gbs * 1e9 if a.gpu else 0.0
+    pass_s = job.grad_bytes / mem if mem and not a.fsdp_units else 0.0  # FSDP shards: no reducer buckets
+    return with_extra(points, lambda w: t.wait_s(job.compute_s, w, a.host_sync) + t.reducer_s(pass_s, w))
 
 
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
