@@ -118,7 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--fsdp-units", type=int, default=0, metavar="N",
                    help="forecast FSDP (strategy.fsdp) with N equal units, e.g. the model's blocks, instead of DDP: "
                         "each unit all-gathered before its forward and backward and reduce-scattered after it, "
-                        "one unit of prefetch")
+                        "one unit of prefetch (--no-overlap: none); --compression fp16/bf16 sets both collectives' dtype")
+    g.add_argument("--fsdp-gather-dtype", metavar="DTYPE",
+                   help="FSDP: dtype parameters are all-gathered in: fp32 (default), bf16, fp16 or fp8 (param_dtype)")
+    g.add_argument("--fsdp-reduce-dtype", metavar="DTYPE",
+                   help="FSDP: dtype gradients are reduce-scattered in: fp32 (default), bf16 or fp16 (reduce_dtype)")
     return p
 
 
@@ -148,15 +152,37 @@ def _strategy(a: argparse.Namespace) -> Any:
         raise ConfigError("--bucket-mb", a.bucket_mb, "must be >= 0 (0: one all-reduce per tensor)")
     if a.fsdp_units < 0:
         raise ConfigError("--fsdp-units", a.fsdp_units, "must be >= 1 (the units FSDP shards), or 0 for DDP")
+    gather, reduce = 4.0, 4.0
     if a.fsdp_units:
-        others = {"--hierarchical": a.hierarchical, "--compression": a.compression != "none",
+        others = {"--hierarchical": a.hierarchical, "--compression powersgd": a.compression == "powersgd",
                   "--local-sgd": a.local_sgd, "--zero1": a.zero1, "--ps-mode": a.ps_mode,
-                  "--pipeline-stages": a.pipeline_stages > 1, "--no-overlap": a.no_overlap, "--compare": a.compare}
+                  "--pipeline-stages": a.pipeline_stages > 1, "--compare": a.compare}
         clash = [k for k, on in others.items() if on]
         if clash:
             raise ConfigError("--fsdp-units", a.fsdp_units, f"FSDP is forecast on its own, not with {', '.join(clash)}")
-    return StrategySpec(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
-                    a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units)
+        # --compression fp16/bf16 is FSDP's mixed precision: both collectives in that dtype unless given apart
+        both = a.compression if a.compression in FSDP_DTYPES else "fp32"
+        gather = _fsdp_dtype(a.fsdp_gather_dtype or both, "--fsdp-gather-dtype")
+        reduce = _fsdp_dtype(a.fsdp_reduce_dtype or both, "--fsdp-reduce-dtype")
+    elif a.fsdp_gather_dtype or a.fsdp_reduce_dtype:
+        raise ConfigError("--fsdp-gather-dtype" if a.fsdp_gather_dtype else "--fsdp-reduce-dtype",
+                          a.fsdp_gather_dtype or a.fsdp_reduce_dtype, "needs --fsdp-units N (FSDP)")
+    compression = "none" if a.fsdp_units else a.compression
+    return StrategySpec(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, compression, 1, a.local_sgd, a.zero1,
+                        a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units,
+                        gather, reduce)
+
+
+# Bytes per element of FSDP's collectives (its MixedPrecisionPolicy param_dtype and reduce_dtype; fp8 all-gather
+# as torchao's float8 training sends it).
+FSDP_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+def _fsdp_dtype(text: str, key: str) -> float:
+    """Bytes per element of an FSDP collective's dtype, or a one-line error naming the accepted ones."""
+    if text not in FSDP_DTYPES:
+        raise ConfigError(key, text, "one of " + ", ".join(FSDP_DTYPES))
+    return FSDP_DTYPES[text]
 
 
 def _worlds(a: argparse.Namespace) -> list[int]:
@@ -244,6 +270,7 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
         if kappa:
             assumptions["framework_overhead"] = {"value": kappa, "unit": "s/s (share of the 1-device step at P > 1)",
                                                  "source": "given (--framework-overhead)"}
+            assumptions["terms"].append({"name": "framework_overhead", **assumptions["framework_overhead"]})
         return with_extra(points, lambda w: kappa * job.step_s)
     t = catalog_terms()
     c = catalog()["scale_terms"]
@@ -251,6 +278,9 @@ def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any,
         assumptions[key] = {"value": c[key]["value"], "unit": c[key]["unit"], "what": c[key]["what"],
                             "source": "assumed: " + c["source"], "measure": c[key]["measure"]}
     assumptions["host_sync"] = {"value": a.host_sync, "unit": "yes/no", "source": "given (--host-sync)"}
+    assumptions["terms"] += [{"name": k, **assumptions[k]} for k in ("spread", "host_jitter_s", "reducer_passes",
+                                                                      "host_sync")]
+    assumptions["terms"] = [t for t in assumptions["terms"] if not (t["name"] == "spread" and t["value"] == 0)]
     mem = gpu(a.gpu).mem_gbs * 1e9 if a.gpu else 0.0
     pass_s = job.grad_bytes / mem if mem and not a.fsdp_units else 0.0  # FSDP shards: no reducer buckets
     return with_extra(points, lambda w: t.wait_s(job.compute_s, w, a.host_sync) + t.reducer_s(pass_s, w))
@@ -448,8 +478,11 @@ def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: d
     """The points, the conclusions (gaps to the measured speed-ups, the strategy to use) and the comparison."""
     from ..costs.forecast import forecast
     from ..costs.verdict import NOT_MODELLED, gaps
+    from .terms import forecast_terms
 
     points = forecast(target.job, target.cluster, strategy, target.worlds)
+    given = {"one_device_step_s": "given (--samples-per-s-1)"} if a.samples_per_s_1 else {}
+    assumptions["terms"] = forecast_terms(target.job, target.cluster, strategy, measured=not a.gpu, given=given)
     if a.gpu:
         points = _with_framework_overhead(a, points, target.job, assumptions)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
