@@ -96,9 +96,9 @@ def _ddp(m: dict[str, Any], world: int) -> Parts:
     strategy = StrategySpec(bucket_mb=float(m.get("bucket_mb", 25.0)), overlap=bool(m.get("overlap", True)),
                             hierarchical=bool(m.get("hierarchical", False)))
     p = forecast(job, cluster, strategy, [world])[0]
-    from .hardware import gpu as _gpu
-    copied = 0.0 if m.get("bucket_view") else params * grad_bytes / (_gpu(m["gpu"]).mem_gbs * 1e9)  # gradient_as_bucket_view: no copy in or out
-    return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), copied)
+    # gradient_as_bucket_view: nothing copied in or out; otherwise one pass over the gradients at memory bandwidth
+    pass_s = 0.0 if m.get("bucket_view") else params * grad_bytes / (cluster.mem_gbs * 1e9)
+    return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), pass_s)
 
 
 def _fsdp(m: dict[str, Any], world: int) -> Parts:
