@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -130,7 +131,10 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
     s = run_train(spec, timeout)
     compute = float(s["rank_compute_s"][0])
     spread = float((s.get("rank_compute_spread") or [0.0])[0] or 0.0)
-    return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread,
+    # The host's jitter: the wall step's noise beyond the compute's (each sigma = spread x median / 2.563).
+    wall_sigma = float(s.get("step_time_spread") or 0.0) * float(s["step_time_s"]) / 2.563
+    host_jitter = math.sqrt(max(0.0, wall_sigma ** 2 - (spread * compute / 2.563) ** 2))
+    return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread, "host_jitter_s": host_jitter,
             "samples_per_s": float(s["samples_per_s"]), "threads": threads,
             # CPU seconds against the mean wall of the same steps: the share of a core the run got.
             "cpu_s": float((s.get("rank_cpu_s") or [0.0])[0] or 0.0),

@@ -258,34 +258,6 @@ def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any])
                tensor_costs=costs, buffer_bytes=cal.buffer_bytes if cal else 0.0)
 
 
-def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any, assumptions: dict[str, Any]) -> list[Any]:
-    """The points with what a step loses beyond communication at P > 1 (a catalogue forecast only: a calibration
-    measures the host it ran on): a given share of the 1-device step, or with ``fitted`` the catalogue's measurable
-    terms (``costs/scale.py``): the slowest of P ranks and DDP's own time per parameter."""
-    from ..costs.hardware import catalog, gpu
-    from ..costs.scale import catalog_terms, with_extra
-
-    if a.framework_overhead != "fitted":
-        kappa = float(a.framework_overhead)
-        if kappa:
-            assumptions["framework_overhead"] = {"value": kappa, "unit": "s/s (share of the 1-device step at P > 1)",
-                                                 "source": "given (--framework-overhead)"}
-            assumptions["terms"].append({"name": "framework_overhead", **assumptions["framework_overhead"]})
-        return with_extra(points, lambda w: kappa * job.step_s)
-    t = catalog_terms()
-    c = catalog()["scale_terms"]
-    for key in ("spread", "host_jitter_s", "reducer_passes"):
-        assumptions[key] = {"value": c[key]["value"], "unit": c[key]["unit"], "what": c[key]["what"],
-                            "source": "assumed: " + c["source"], "measure": c[key]["measure"]}
-    assumptions["host_sync"] = {"value": a.host_sync, "unit": "yes/no", "source": "given (--host-sync)"}
-    assumptions["terms"] += [{"name": k, **assumptions[k]} for k in ("spread", "host_jitter_s", "reducer_passes",
-                                                                      "host_sync")]
-    assumptions["terms"] = [t for t in assumptions["terms"] if not (t["name"] == "spread" and t["value"] == 0)]
-    mem = gpu(a.gpu).mem_gbs * 1e9 if a.gpu else 0.0
-    pass_s = job.grad_bytes / mem if mem and not a.fsdp_units else 0.0  # FSDP shards: no reducer buckets
-    return with_extra(points, lambda w: t.wait_s(job.compute_s, w, a.host_sync) + t.reducer_s(pass_s, w))
-
-
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
     """Rank strategies per world size by samples/s."""
     from ..costs.forecast import forecast
@@ -365,7 +337,7 @@ def main(argv: list[str]) -> int:
     cal = _calibration(a, rest)
     assumptions: dict[str, Any] = {"strategy": strategy.label()}
     target = _catalog_target(a, cal, assumptions) if a.gpu else _machine_target(a, cal, assumptions)
-    points, notes, compare = _forecast(a, target, strategy, measured, assumptions)
+    points, notes, compare = _forecast(a, target, strategy, measured, assumptions, cal)
     doc = plan_json(points, assumptions, {"measured_speedup": measured, "conclusions": notes,
                                           "compare": compare or []})
     files = write_plan(Path(a.out), doc, points, notes, compare)
@@ -474,7 +446,7 @@ def _across_nodes(cal: Any) -> dict[str, Any]:
 
 
 def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: dict[int, float],
-              assumptions: dict[str, Any]) -> tuple[list[Any], list[str], Compared | None]:
+              assumptions: dict[str, Any], cal: Any = None) -> tuple[list[Any], list[str], Compared | None]:
     """The points, the conclusions (gaps to the measured speed-ups, the strategy to use) and the comparison."""
     from ..costs.forecast import forecast
     from ..costs.verdict import NOT_MODELLED, gaps
@@ -484,7 +456,11 @@ def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: d
     given = {"one_device_step_s": "given (--samples-per-s-1)"} if a.samples_per_s_1 else {}
     assumptions["terms"] = forecast_terms(target.job, target.cluster, strategy, measured=not a.gpu, given=given)
     if a.gpu:
-        points = _with_framework_overhead(a, points, target.job, assumptions)
+        from .terms import with_scale_terms
+
+        measured_terms = cal.measured_terms() if cal is not None else {}
+        points = with_scale_terms(points, target.job, a.framework_overhead, a.host_sync, a.gpu, a.fsdp_units,
+                                  assumptions, measured_terms)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
     notes = gaps(points, measured)
     compare = _compare(target.job, target.cluster, strategy, target.worlds) if a.compare else None

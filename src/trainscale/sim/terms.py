@@ -15,9 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..costs.forecast import ClusterSpec, Job, StrategySpec
-from ..costs.hardware import catalog
+from ..costs.hardware import catalog, gpu
+from ..costs.scale import ScaleTerms, with_extra
 
-__all__ = ["forecast_terms"]
+__all__ = ["forecast_terms", "with_scale_terms"]
+
+SCALE_KEYS = ("spread", "host_jitter_s", "reducer_passes")
 
 
 def _term(name: str, value: Any, unit: str, source: str) -> dict[str, Any]:
@@ -34,8 +37,6 @@ def _job_terms(job: Job, measured: bool, given: dict[str, str]) -> list[dict[str
         _term("params", job.params, "parameters", given.get("params", how)),
         _term("gradient_bytes", round(job.grad_bytes), "bytes", "params x bytes per gradient (fp32: 4)"),
         _term("batch_size", job.batch_size, "samples per device per step", given.get("batch_size", how)),
-        _term("spread", round(job.spread, 4), "s/s ((p90 - p10) / median of one device's compute)",
-              "measured by trainscale plan calibrate" if measured else "0 unless measured (see scale_terms)"),
     ]
 
 
@@ -68,3 +69,40 @@ def forecast_terms(job: Job, cluster: ClusterSpec, strategy: StrategySpec, measu
                    given: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The job's, the cluster's and the strategy's terms, each ``{name, value, unit, source}``."""
     return _job_terms(job, measured, given or {}) + _link_terms(cluster) + _strategy_terms(strategy)
+
+
+def _scale_terms(measured: dict[str, float], assumptions: dict[str, Any]) -> ScaleTerms:
+    """The catalogue's fitted terms, each replaced by what ``plan calibrate`` measured where it did; every one
+    recorded in ``assumptions`` (and its ``terms``) with its value, unit and source."""
+    c = catalog()["scale_terms"]
+    values = {}
+    for key in SCALE_KEYS:
+        got = measured.get(key)
+        source = "measured by trainscale plan calibrate (this job, this host)" if got is not None else \
+            "assumed: " + c["source"]
+        values[key] = float(got if got is not None else c[key]["value"])
+        assumptions[key] = {"value": values[key], "unit": c[key]["unit"], "what": c[key]["what"], "source": source,
+                            "measure": c[key]["measure"]}
+        assumptions.setdefault("terms", []).append({"name": key, **assumptions[key]})
+    return ScaleTerms(values["spread"], values["host_jitter_s"], values["reducer_passes"])
+
+
+def with_scale_terms(points: list[Any], job: Job, overhead: str | float, host_sync: bool, gpu_name: str | None,
+                     fsdp_units: int, assumptions: dict[str, Any], measured: dict[str, float] | None = None) -> list[Any]:
+    """``points`` with what a step loses beyond communication at P > 1 (``--framework-overhead``): a given share
+    of the 1-device step, or with ``fitted`` the measurable terms of ``costs/scale.py`` (the slowest of P ranks,
+    the reducer's time), measured where a calibration has them and the catalogue's otherwise."""
+    if overhead != "fitted":
+        kappa = float(overhead)
+        if kappa:
+            assumptions["framework_overhead"] = {"value": kappa, "unit": "s/s (share of the 1-device step at P > 1)",
+                                                 "source": "given (--framework-overhead)"}
+            assumptions.setdefault("terms", []).append({"name": "framework_overhead",
+                                                        **assumptions["framework_overhead"]})
+        return with_extra(points, lambda w: kappa * job.step_s)
+    t = _scale_terms(measured or {}, assumptions)
+    assumptions["host_sync"] = {"value": host_sync, "unit": "yes/no", "source": "given (--host-sync)"}
+    assumptions["terms"].append({"name": "host_sync", **assumptions["host_sync"]})
+    mem = gpu(gpu_name).mem_gbs * 1e9 if gpu_name else 0.0
+    pass_s = job.grad_bytes / mem if mem and not fsdp_units else 0.0  # FSDP shards: no reducer buckets
+    return with_extra(points, lambda w: t.wait_s(job.compute_s, w, host_sync) + t.reducer_s(pass_s, w))
