@@ -56,7 +56,7 @@ def _print(rows: list[Row], table: dict[str, dict[str, Any]]) -> None:
 
 
 def _plot(rows: list[Row], path: Path) -> None:
-    """Forecast against published efficiency, one colour per source, with the +-0.03 band."""
+    """Forecast against published efficiency, one colour per source (x: not scored), with the +-0.03 band."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -67,9 +67,13 @@ def _plot(rows: list[Row], path: Path) -> None:
     ax.plot([lo, 1.0], [lo, 1.0], color="gray", lw=1, label="forecast = published")
     ax.fill_between([lo, 1.0], [lo - 0.03, 0.97], [lo + 0.03, 1.03], color="gray", alpha=0.12, label="+-3 points")
     for i, src in enumerate(dict.fromkeys(r.source for r in rows)):
-        sel = [r for r in rows if r.source == src]
+        sel = [r for r in rows if r.source == src and r.scored]
         ax.scatter([r.published for r in sel], [r.forecast for r in sel], s=24, color=f"C{i % 10}",
                    marker="os^"[i // 10], label=_short(src))
+        off = [r for r in rows if r.source == src and not r.scored]
+        if off:
+            ax.scatter([r.published for r in off], [r.forecast for r in off], s=30, color=f"C{i % 10}", marker="x",
+                       label=f"{_short(src)}, not scored")
     ax.set(xlim=(lo, 1.0), ylim=(lo, 1.02), xlabel="published scaling efficiency",
            ylabel="forecast, its source left out of the fit", title="trainscale plan, leave one source out")
     ax.grid(alpha=0.3)
