@@ -40,7 +40,7 @@ examples:
   trainscale plan --params 25.6e6 --inter 50gbe --gpus-per-node 8 --intra nvlink1 --gpu P100 \\
       --samples-per-s-1 230 --batch-size 32 --nodes 1,32                 # Goyal et al. 2017's cluster
   trainscale plan --params 8.03B --gpu name=H200,bf16=989T,mem=4.8TB/s --precision bf16 --samples-per-s-1 1.3 \\
-      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --framework-overhead fitted
+      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --fsdp-units 32 --compression bf16 --framework-overhead fitted
 """
 
 
@@ -101,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     a("--json", metavar="PATH", help="write the forecast as JSON ({points: [...], assumptions: {...}})")
     a("--out", default="runs/plan", help="folder for plan.json, plan.md, plan.html and plots (default runs/plan)")
     a("--compare", action="store_true", help="rank strategies per world size and say which to use")
+    _strategy_options(p)
+    return p
+
+
+def _strategy_options(p: argparse.ArgumentParser) -> None:
+    """The ``strategy`` options of ``trainscale plan``."""
     g = p.add_argument_group("strategy")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="fusion bucket in MB; 0: one all-reduce per tensor")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce after backward instead of during it")
@@ -123,7 +129,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="FSDP: dtype parameters are all-gathered in: fp32 (default), bf16, fp16 or fp8 (param_dtype)")
     g.add_argument("--fsdp-reduce-dtype", metavar="DTYPE",
                    help="FSDP: dtype gradients are reduce-scattered in: fp32 (default), bf16 or fp16 (reduce_dtype)")
-    return p
 
 
 def _numbers(a: argparse.Namespace) -> None:
