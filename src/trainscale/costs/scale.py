@@ -1,8 +1,8 @@
-"""What a synchronous step loses as ranks are added, beyond communication: the slowest of N ranks. Pure functions.
+"""What a synchronous step loses as ranks are added, beyond the wire: the slowest of N ranks, the reducer's own time.
 
 Every rank's step varies a little (kernels, clocks, the loader, Python); a synchronous step ends when the slowest of
-the ``world`` ranks ends, ``sigma x E[max of N standard normals]`` after the typical one (``order_stats.py``). Two
-sources of that noise, each a quantity a user measures on one device of their own job:
+the ``world`` ranks ends, ``sigma x E[max of N standard normals]`` after the typical one (``order_stats.py``). Each
+term is a quantity a user measures on their own job:
 
 * ``spread``: (p90 - p10) / median of the device's step time (s/s); the device's own noise, a share of the step.
   An optimizer step of ``A`` accumulated micro-steps averages ``A`` independent noises: its spread is ``/ sqrt(A)``.
@@ -21,7 +21,7 @@ a few per cent where the communication model alone loses almost nothing.
 Example::
 
     terms = ScaleTerms(spread=0.03, host_jitter_s=0.004)
-    terms.wait_s(compute_s=0.3, world=128, host_sync=True)   # ~0.019 s: the slowest of 128 ranks
+    terms.wait_s(compute_s=0.3, world=128, host_sync=True)   # ~0.014 s: the slowest of 128 ranks
 """
 
 from __future__ import annotations
