@@ -1,4 +1,4 @@
-"""The planner against the frozen table of published scaling results (tests/sim/heldout_scaling.json)."""
+"""The planner against the table of published scaling results (tests/sim/heldout_scaling.json), one source out."""
 
 from __future__ import annotations
 
@@ -8,47 +8,53 @@ from pathlib import Path
 import pytest
 
 from trainscale.costs.fsdp import FsdpUnit, fsdp_step
-from trainscale.costs.hardware import catalog
-from trainscale.costs.published import evaluate, fit_constants
+from trainscale.costs.published import fit_terms, forecast_point, leave_one_source_out, source_of
+from trainscale.costs.scale import ScaleTerms, catalog_terms
 
 TABLE = json.loads((Path(__file__).parent / "heldout_scaling.json").read_text())
 POINTS = TABLE["points"]
-# What a point's setting may give the forecast: one device's figure and datasheet-class numbers, never a
-# multi-device figure of the same source.
-SETTING_KEYS = {"kind", "gpu", "gpus_per_node", "intra", "inter", "params", "model", "batch_size", "samples_per_s_1",
-                "precision", "bucket_mb", "hierarchical", "linear_precision", "mfu", "gather_bytes", "reduce_bytes",
-                "layers", "layer_params", "root_params", "tokens_per_step", "linear_flops_per_token",
-                "attention_flops_per_token", "head_flops_per_token"}
+# What a point's setting may give the forecast: one device's figure and datasheet-class numbers as the source
+# states them, never a multi-device figure of the same source.
+SETTING_KEYS = {"kind", "gpu", "gpus_per_node", "intra", "inter", "nics_per_node", "params", "model", "batch_size",
+                "samples_per_s_1", "precision", "bucket_mb", "hierarchical", "overlap", "accumulation", "grad_bytes",
+                "host_sync", "bucket_view", "linear_precision", "mfu", "gather_bytes", "reduce_bytes", "layers", "layer_params",
+                "root_params", "tokens_per_step", "linear_flops_per_token", "attention_flops_per_token",
+                "head_flops_per_token"}
 
 
-def test_the_table_states_its_sources_and_assumptions():
-    assert len(POINTS) >= 15 and len({p["id"] for p in POINTS}) == len(POINTS)
+def test_the_table_has_forty_points_from_eight_sources_each_stated():
+    sources = {source_of(p) for p in POINTS}
+    assert len(POINTS) >= 40 and len(sources) >= 8 and len({p["id"] for p in POINTS}) == len(POINTS)
+    assert max(p["published"]["world"] for p in POINTS) >= 128
     for p in POINTS:
         assert {"title", "table", "url"} <= set(p["source"]) and p["source"]["url"].startswith("https://"), p["id"]
         assert p["confidence"] and p["assumptions"], p["id"]
-        assert p["role"] in ("calibration", "held_out") and 0 < p["published"]["efficiency"] <= 1, p["id"]
+        assert 0 < p["published"]["efficiency"] <= 1, p["id"]
         assert set(p["model"]) <= SETTING_KEYS, (p["id"], set(p["model"]) - SETTING_KEYS)
-    assert sum(p["role"] == "calibration" for p in POINTS) <= len(POINTS) / 3
 
 
-def test_the_catalogue_constants_are_the_fit_on_calibration_points_only():
-    stored = {k: v for k, v in catalog()["framework_overhead"].items() if k != "source"}
-    assert fit_constants(POINTS) == stored
-    # moving a held-out point does not move the constants
-    moved = [dict(p, published={**p["published"], "efficiency": 0.5}) if p["role"] == "held_out" else p
-             for p in POINTS]
-    assert fit_constants(moved) == stored
+def test_the_catalogue_terms_are_the_fit_on_all_sources():
+    assert fit_terms(POINTS) == catalog_terms()
 
 
-def test_held_out_accuracy_and_known_gaps_keep_their_error():
-    rows = evaluate(POINTS)
-    held = [abs(r.error) for r in rows if r.role == "held_out"]
-    assert sum(held) / len(held) <= 0.05 and max(held) <= 0.10
-    for r, p in zip(rows, POINTS):
-        if p.get("known_gap"):  # kept with its known error and reason, never tuned away
-            assert r.error == pytest.approx(p["known_error"], abs=0.01), r.id
-        else:
-            assert abs(r.error) < 0.02, r.id  # a point drifting past 0.02 needs its reason written down
+def test_a_source_is_forecast_without_its_own_points():
+    rows = leave_one_source_out(POINTS)
+    src = source_of(POINTS[0])
+    moved = [dict(p, published={**p["published"], "efficiency": 0.5}) if source_of(p) == src else p for p in POINTS]
+    again = {r.id: r for r in leave_one_source_out(moved)}
+    for r in rows:
+        if r.source == src:  # its own published values moved: its forecast does not
+            assert again[r.id].forecast == pytest.approx(r.forecast)
+
+
+def test_leave_one_source_out_accuracy():
+    errs = [abs(r.error) for r in leave_one_source_out(POINTS)]
+    assert sum(errs) / len(errs) <= 0.03  # what docs/plan.md states; the worst point is named there
+
+
+def test_the_slowest_of_more_ranks_costs_more():
+    point = next(p for p in POINTS if p["published"]["world"] >= 128)
+    assert forecast_point(point, ScaleTerms(spread=0.05)) < forecast_point(point, ScaleTerms())
 
 
 def test_fsdp_step_by_hand():

@@ -73,3 +73,17 @@ def test_a_gpu_by_its_datasheet():
 def test_a_gpu_spec_missing_or_bad_field(text, why):
     with pytest.raises(ConfigError, match=f"--gpu = '{text}': .*{why}"):
         parse_gpu_spec(text)
+
+
+def test_measured_scale_terms_replace_the_catalogue_and_say_so():
+    from trainscale.costs.forecast import ClusterSpec, Job, StrategySpec, forecast
+    from trainscale.sim.terms import with_scale_terms
+
+    job = Job("j", params=25_000_000, batch_size=32, step_s=0.2, compute_s=0.2)
+    points = forecast(job, ClusterSpec.from_catalog("A100", 8, "nvlink3", "ib-hdr"), StrategySpec(), [1, 8, 64])
+    rows: dict = {}
+    quiet = with_scale_terms(points, job, "fitted", True, "A100", 0, rows, {"spread": 0.0, "host_jitter_s": 0.0})
+    assert rows["spread"]["source"].startswith("measured") and rows["reducer_passes"]["source"].startswith("assumed")
+    noisy = with_scale_terms(points, job, "fitted", True, "A100", 0, {}, {"spread": 0.1, "host_jitter_s": 0.01})
+    assert noisy[0].efficiency == quiet[0].efficiency == points[0].efficiency  # one device waits for nobody
+    assert noisy[2].efficiency < noisy[1].efficiency < quiet[1].efficiency  # more ranks, a later slowest one

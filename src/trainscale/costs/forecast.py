@@ -96,6 +96,7 @@ class ClusterSpec:
     replay_hier: dict[int, dict[str, Any]] = field(default_factory=dict)
     mem_gbs: float = 0.0                      # GPU memory bandwidth (codec cost of compression)
     topo: Topology | None = None
+    nics_per_node: int = 1                    # network adapters a node's GPUs share (DGX A100: 8, one per GPU)
 
     @classmethod
     def from_catalog(cls, gpu_name: str | None, gpus_per_node: int, intra: str, inter: str,
@@ -124,7 +125,8 @@ class ClusterSpec:
         assert self.intra is not None and self.inter is not None
         local = min(world, self.gpus_per_node)
         nodes = max(1, world // self.gpus_per_node)
-        inter_bw = self.inter.bytes_per_s * self.net_efficiency
+        # NCCL spreads its rings over the node's adapters: L GPUs share min(L, NICs) of them.
+        inter_bw = self.inter.bytes_per_s * self.net_efficiency * max(1, min(local, self.nics_per_node))
         if hierarchical and nodes > 1 and local > 1:
             intra = AlphaBeta(self.intra.hop_s, 1 / self.intra.bytes_per_s)
             # The L local ranks each run an inter-node ring on their 1/L shard at once: they share the NIC.
@@ -239,13 +241,18 @@ class StrategySpec:
     microbatches: int = 8
     schedule: str = "1f1b"
     fsdp_units: int = 0              # FSDP (ZeRO-3) with this many equal units (blocks); 0: data parallel
+    fsdp_gather_bytes: float = 4.0   # bytes per parameter all-gathered (4: fp32 parameters, 2: bf16, 1: fp8)
+    fsdp_reduce_bytes: float = 4.0   # bytes per gradient reduce-scattered (4: fp32, 2: bf16 reduce_dtype)
 
     def label(self) -> str:
         """Short name of this strategy for tables."""
         if self.ps_mode:
             return f"ps {self.ps_mode}" + (f" K={self.ps_k or 'P/2'}" if self.ps_mode.startswith("k-") else "")
         if self.fsdp_units:
-            return f"FSDP, {self.fsdp_units} units"
+            dtypes = {4.0: "fp32", 2.0: "bf16", 1.0: "fp8"}
+            gather, reduce = (dtypes.get(b, f"{b:g} B") for b in (self.fsdp_gather_bytes, self.fsdp_reduce_bytes))
+            tail = "" if gather == reduce == "fp32" else f", gather {gather}, reduce {reduce}"
+            return f"FSDP, {self.fsdp_units} units" + tail + ("" if self.overlap else ", no prefetch")
         parts = [f"bucket {self.bucket_mb:g} MB" if self.bucket_mb else "no fusion"]
         if not self.overlap:
             parts.append("no overlap")
@@ -367,7 +374,8 @@ def _exchange(base: Job, cluster: ClusterSpec, s: StrategySpec, tensor_bytes: li
         return cluster.allreduce_s(nbytes * ratio, dp, s.algo, s.hierarchical)
 
     if s.fsdp_units:
-        return _fsdp_exchange(cluster, s.fsdp_units, sum(tensor_bytes), dp, backward / base.backward_share, backward)
+        return _fsdp_exchange(cluster, s, sum(tensor_bytes) / base.bytes_per_param, dp, backward / base.backward_share,
+                              backward)
     buckets = make_buckets(tensor_bytes, s.bucket_mb * 1024 * 1024)
     exposed, total = exposed_comm(buckets, ready_at(buckets, tensor_bytes, backward, base.tensor_costs), t_of,
                                   backward, s.overlap)
@@ -385,20 +393,20 @@ def _exchange(base: Job, cluster: ClusterSpec, s: StrategySpec, tensor_bytes: li
     return exposed, total, comm_cpu
 
 
-def _fsdp_exchange(cluster: ClusterSpec, units: int, grad_bytes: float, dp: int, compute: float,
+def _fsdp_exchange(cluster: ClusterSpec, s: StrategySpec, params: float, dp: int, compute: float,
                    backward: float) -> tuple[float, float, float]:
-    """FSDP over ``dp`` ranks: each of ``units`` equal blocks all-gathered before its forward and its backward and
-    reduce-scattered after it, one block of prefetch (``sim/fsdp.py``); fp32 gathers and reductions (4 bytes per
-    parameter, trainscale's ``strategy.fsdp`` default). (exposed, total, CPU seconds in the exchange.)"""
+    """FSDP over ``dp`` ranks: each of ``s.fsdp_units`` equal blocks all-gathered before its forward and its backward
+    and reduce-scattered after it, one block of prefetch (``costs/fsdp.py``), in the strategy's gather and reduce
+    dtypes; without overlap nothing is prefetched and every collective is exposed. (exposed, total, CPU seconds.)"""
     if dp <= 1:
         return 0.0, 0.0, 0.0
-    params = grad_bytes / 4
-
+    units = s.fsdp_units
     blocks = transformer_units(units, params / units, compute, backward_share=backward / compute if compute else 2 / 3)
     half = half_allreduce(cluster.allreduce_s, dp)
-    t = fsdp_step(blocks, half, half, gather_bytes=4.0, reduce_bytes=4.0)
-    cpu = 3 * cluster.comm_cpu_s(grad_bytes, dp) / 2  # two gathers and one reduce-scatter: 1.5 all-reduces
-    return t.exposed_s, t.comm_s, cpu
+    t = fsdp_step(blocks, half, half, gather_bytes=s.fsdp_gather_bytes, reduce_bytes=s.fsdp_reduce_bytes)
+    moved = params * (2 * s.fsdp_gather_bytes + s.fsdp_reduce_bytes)
+    cpu = cluster.comm_cpu_s(moved, dp) / 2  # two gathers and one reduce-scatter, each half an all-reduce
+    return (t.exposed_s if s.overlap else t.comm_s), t.comm_s, cpu
 
 
 def _ps_point(job: Job, cluster: ClusterSpec, s: StrategySpec, world: int, nodes: int, busy_s: float,
@@ -452,8 +460,3 @@ def forecast(job: Job, cluster: ClusterSpec, strategy: StrategySpec, worlds: lis
         p.comm_overhead_s = p.step_time_s - one.step_time_s
         points.append(p)
     return points
-
-
-def with_job(job: Job, **changes: Any) -> Job:
-    """A copy of ``job`` with fields changed."""
-    return replace(job, **changes)

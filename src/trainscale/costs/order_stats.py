@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 __all__ = ["expected_max_normal", "straggler_wait", "sigma_from_spread", "harmonic", "order_statistic_exp",
            "predicted_update_time", "sync_async_ratio"]
@@ -40,6 +41,7 @@ def _cdf(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2)))
 
 
+@lru_cache(maxsize=4096)
 def expected_max_normal(p: int) -> float:
     """E[max of P i.i.d. standard normals] by numerical integration (exact values: 0, 0.5642, 0.8463, 1.0294)."""
     if p <= 1:

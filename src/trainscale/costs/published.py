@@ -2,25 +2,32 @@
 
 A point names its setting (GPU, links, model size, one device's throughput or FLOPs) and the published
 efficiency at ``world`` devices against ``baseline_world``. The forecast uses only that one-device figure and
-datasheet numbers: ``ddp`` points go through ``forecast`` (buckets overlapped with backward, NCCL's ring),
-``fsdp`` points through ``sim/fsdp.py``; both add the framework overhead of ``sim/overhead.py``.
+datasheet numbers: ``ddp`` points go through ``forecast`` (buckets overlapped with backward or one all-reduce after
+the accumulation, NCCL's ring), ``fsdp`` points through ``costs/fsdp.py``; both add the wait for the slowest rank
+of ``costs/scale.py``. Its two noise terms are not stated by any source, so they are fitted, and scored honestly:
+leave one source out (fit on every other source, forecast that one), for every source in turn.
 
 Example::
 
-    rows = evaluate(json.loads(Path("tests/sim/heldout_scaling.json").read_text())["points"])
-    max(abs(r.error) for r in rows if r.role == "held_out")
+    rows = leave_one_source_out(json.loads(Path("tests/sim/heldout_scaling.json").read_text())["points"])
+    max(abs(r.error) for r in rows)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .fsdp import FsdpTimes, fsdp_step, half_allreduce, transformer_units
-from .overhead import fit_overhead, fitted_overhead, precision_class
+from .fsdp import fsdp_step, half_allreduce, transformer_units
+from .scale import ScaleTerms
 
-__all__ = ["Row", "efficiencies", "fsdp_times", "forecast_point", "fit_constants", "evaluate"]
+__all__ = ["Row", "Parts", "source_of", "parts", "forecast_point", "fit_terms", "leave_one_source_out", "evaluate"]
+
+# The grid the terms are fitted on: spread (s/s), host jitter (seconds), reducer time (passes over the gradients).
+SPREADS = [i * 0.005 for i in range(13)]
+JITTERS = [i * 0.001 for i in range(31)]
+REDUCER = [i * 2.0 for i in range(31)]
 
 
 @dataclass(frozen=True)
@@ -28,18 +35,46 @@ class Row:
     """One published point against its forecast (error = forecast - published, in efficiency points)."""
 
     id: str
-    role: str
+    source: str
     published: float
     forecast: float
-    known_gap: str = ""
+    terms: ScaleTerms
+    scored: bool = True  # False: forecast and printed, not counted (the point says why)
 
     @property
     def error(self) -> float:
         return self.forecast - self.published
 
 
-def _ddp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
-    """Data-parallel efficiency per world size, without the framework overhead."""
+@dataclass(frozen=True)
+class Parts:
+    """One world size of a point without the noise terms: one device's step, the modelled step, the compute in it."""
+
+    one_s: float
+    step_s: float
+    compute_s: float
+    accumulation: int
+    host_sync: bool
+    pass_s: float = 0.0  # one pass over the gradient bytes the reducer handles, at memory bandwidth (0: none)
+
+    def efficiency(self, world: int, terms: ScaleTerms) -> float:
+        """``one_s`` over the step at ``world`` with the wait for its slowest rank and DDP's own time."""
+        wait = terms.wait_s(self.compute_s, world, self.host_sync, self.accumulation)
+        return self.one_s / (self.step_s + wait + terms.reducer_s(self.pass_s, world))
+
+
+def source_of(point: dict[str, Any]) -> str:
+    """A point's source: its URL without the fragment (one paper, one README, one benchmark file)."""
+    return str(point["source"]["url"]).split("#")[0]
+
+
+def _accumulation(m: dict[str, Any], world: int) -> int:
+    acc = m.get("accumulation", {})
+    return int(acc.get(str(world), 1))
+
+
+def _ddp(m: dict[str, Any], world: int) -> Parts:
+    """Data parallel at ``world``: one optimizer step of the accumulated micro-steps and its all-reduce."""
     from .forecast import ClusterSpec, Job, StrategySpec, forecast
     from .hardware import known_model
     from .step import profile_tensors
@@ -50,15 +85,23 @@ def _ddp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
     if not params:
         raise ValueError(f"point without params or a catalogue model: {m}")
     tail = (entry["tail_params"], entry["tail_compute"]) if entry else (0.0, 0.0)
-    tensors, costs = profile_tensors(params * 4.0, *tail)
-    step = m["batch_size"] / parse_number(m["samples_per_s_1"], "samples_per_s_1")
-    job = Job(m.get("model", "job"), params, m["batch_size"], step, step, tensor_bytes=tensors, tensor_costs=costs)
+    grad_bytes = float(m.get("grad_bytes", 4))
+    tensors, costs = profile_tensors(params * grad_bytes, *tail)
+    acc = _accumulation(m, world)
+    step = acc * m["batch_size"] / parse_number(m["samples_per_s_1"], "samples_per_s_1")
+    job = Job(m.get("model", "job"), params, m["batch_size"] * acc, step, step, tensor_bytes=tensors,
+              tensor_costs=costs, bytes_per_param=int(grad_bytes))
     cluster = ClusterSpec.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
-    strategy = StrategySpec(bucket_mb=float(m.get("bucket_mb", 25.0)), hierarchical=bool(m.get("hierarchical", False)))
-    return {p.world_size: p.efficiency for p in forecast(job, cluster, strategy, worlds)}
+    cluster.nics_per_node = int(m.get("nics_per_node", 1))
+    strategy = StrategySpec(bucket_mb=float(m.get("bucket_mb", 25.0)), overlap=bool(m.get("overlap", True)),
+                            hierarchical=bool(m.get("hierarchical", False)))
+    p = forecast(job, cluster, strategy, [world])[0]
+    # gradient_as_bucket_view: nothing copied in or out; otherwise one pass over the gradients at memory bandwidth
+    pass_s = 0.0 if m.get("bucket_view") else params * grad_bytes / (cluster.mem_gbs * 1e9)
+    return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), pass_s)
 
 
-def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
+def _fsdp(m: dict[str, Any], world: int) -> Parts:
     """One FSDP step of the setting ``m`` at ``world`` devices (weak scaling: the same tokens per device)."""
     from .forecast import ClusterSpec
     from .hardware import gpu
@@ -69,48 +112,64 @@ def fsdp_times(m: dict[str, Any], world: int) -> FsdpTimes:
     compute = m["tokens_per_step"] * per_token / m["mfu"]
     head_share = m["head_flops_per_token"] / linear_peak / per_token
     cluster = ClusterSpec.from_catalog(m["gpu"], m["gpus_per_node"], m["intra"], m["inter"])
-
     units = transformer_units(m["layers"], m["layer_params"], compute, head_share)
     half = half_allreduce(cluster.allreduce_s, world)
-    return fsdp_step(units, half, half, m.get("gather_bytes", 2), m.get("reduce_bytes", 4), m["root_params"])
+    t = fsdp_step(units, half, half, m.get("gather_bytes", 2), m.get("reduce_bytes", 4), m["root_params"])
+    return Parts(t.compute_s, t.step_s, t.compute_s, 1, bool(m.get("host_sync", False)))
 
 
-def _fsdp(m: dict[str, Any], worlds: list[int]) -> dict[int, float]:
-    """FSDP efficiency per world size, without the overhead."""
-    return {w: (t := fsdp_times(m, w)).compute_s / t.step_s for w in worlds}
-
-
-def efficiencies(m: dict[str, Any], worlds: list[int], kappa: float = 0.0) -> dict[int, float]:
-    """Efficiency at each world size of the setting ``m``, with ``kappa`` x the 1-device step added at P > 1."""
-    raw = {"ddp": _ddp, "fsdp": _fsdp}[m["kind"]](m, worlds)
-    return {w: (e if w <= 1 else 1.0 / (1.0 / e + kappa)) for w, e in raw.items()}
-
-
-def forecast_point(point: dict[str, Any], constants: dict[str, float] | None = None) -> float:
-    """The forecast of one point's published quantity: efficiency at ``world`` over that at ``baseline_world``."""
-    pub, m = point["published"], point["model"]
-    kappa = (constants or {}).get(precision_class(m["precision"]), 0.0) if constants is not None else \
-        fitted_overhead(m["precision"])
-    worlds = sorted({pub["world"], pub.get("baseline_world", 1)})
-    eff = efficiencies(m, worlds, kappa)
+def parts(point: dict[str, Any]) -> tuple[Parts, Parts | None]:
+    """(the point's world, its baseline world or None where the baseline is one device)."""
+    m, pub = point["model"], point["published"]
+    build = {"ddp": _ddp, "fsdp": _fsdp}[m["kind"]]
     base = pub.get("baseline_world", 1)
-    return eff[pub["world"]] / (eff[base] if base > 1 else 1.0)
+    return build(m, pub["world"]), (build(m, base) if base > 1 else None)
 
 
-def fit_constants(points: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """The framework overhead per precision class, fitted on the points whose role is ``calibration`` only."""
-    triples = []
-    for p in points:
-        if p["role"] != "calibration":
+def _ratio(point: dict[str, Any], pw: Parts, pb: Parts | None, terms: ScaleTerms) -> float:
+    pub = point["published"]
+    eff = pw.efficiency(pub["world"], terms)
+    return eff / pb.efficiency(pub["baseline_world"], terms) if pb else eff
+
+
+def forecast_point(point: dict[str, Any], terms: ScaleTerms) -> float:
+    """The forecast of one point's published quantity: efficiency at ``world`` over that at ``baseline_world``."""
+    return _ratio(point, *parts(point), terms)
+
+
+def _loss(cached: Sequence[tuple[dict[str, Any], Parts, Parts | None]], terms: ScaleTerms) -> float:
+    """Mean over sources of each source's mean absolute error (every source weighs the same)."""
+    by: dict[str, list[float]] = {}
+    for p, pw, pb in cached:
+        if not p.get("scored", True):
             continue
-        if p["published"].get("baseline_world", 1) != 1:
-            raise ValueError(f"{p['id']}: a calibration point is measured against one device")
-        model = forecast_point(p, {})
-        triples.append((p["model"]["precision"], p["published"]["efficiency"], model))
-    return {c: round(v, 4) for c, v in fit_overhead(triples).items()}
+        by.setdefault(source_of(p), []).append(abs(_ratio(p, pw, pb, terms) - p["published"]["efficiency"]))
+    return sum(sum(v) / len(v) for v in by.values()) / len(by)
 
 
-def evaluate(points: Iterable[dict[str, Any]], constants: dict[str, float] | None = None) -> list[Row]:
-    """Every point's published value against its forecast (``constants``: None reads the catalogue's)."""
-    return [Row(p["id"], p["role"], p["published"]["efficiency"], forecast_point(p, constants), p.get("known_gap", ""))
+def fit_terms(points: Iterable[dict[str, Any]]) -> ScaleTerms:
+    """The noise terms that minimise the per-source mean absolute error over ``points`` (a grid search)."""
+    cached = [(p, *parts(p)) for p in points]
+    return _fit_cached(cached)
+
+
+def _fit_cached(cached: Sequence[tuple[dict[str, Any], Parts, Parts | None]]) -> ScaleTerms:
+    grid = (ScaleTerms(s, j, r) for s in SPREADS for j in JITTERS for r in REDUCER)
+    return min(grid, key=lambda t: (_loss(cached, t), t.spread, t.host_jitter_s, t.reducer_passes))
+
+
+def leave_one_source_out(points: Sequence[dict[str, Any]]) -> list[Row]:
+    """Every point forecast with the terms fitted on every other source (its own source left out)."""
+    cached = [(p, *parts(p)) for p in points]
+    rows = []
+    for src in dict.fromkeys(source_of(p) for p in points):
+        terms = _fit_cached([c for c in cached if source_of(c[0]) != src])
+        rows += [Row(p["id"], src, p["published"]["efficiency"], _ratio(p, pw, pb, terms), terms, p.get("scored", True))
+                 for p, pw, pb in cached if source_of(p) == src]
+    return rows
+
+
+def evaluate(points: Iterable[dict[str, Any]], terms: ScaleTerms) -> list[Row]:
+    """Every point's published value against its forecast with the same ``terms`` (no source left out)."""
+    return [Row(p["id"], source_of(p), p["published"]["efficiency"], forecast_point(p, terms), terms, p.get("scored", True))
             for p in points]

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -130,7 +131,10 @@ def _single(train_args: list[str], threads: int, folder: Path, timeout: float) -
     s = run_train(spec, timeout)
     compute = float(s["rank_compute_s"][0])
     spread = float((s.get("rank_compute_spread") or [0.0])[0] or 0.0)
-    return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread,
+    # The host's jitter: the wall step's noise beyond the compute's (each sigma = spread x median / 2.563).
+    wall_sigma = float(s.get("step_time_spread") or 0.0) * float(s["step_time_s"]) / 2.563
+    host_jitter = math.sqrt(max(0.0, wall_sigma ** 2 - (spread * compute / 2.563) ** 2))
+    return {"step_s": float(s["step_time_s"]), "compute_s": compute, "spread": spread, "host_jitter_s": host_jitter,
             "samples_per_s": float(s["samples_per_s"]), "threads": threads,
             # CPU seconds against the mean wall of the same steps: the share of a core the run got.
             "cpu_s": float((s.get("rank_cpu_s") or [0.0])[0] or 0.0),
@@ -183,6 +187,66 @@ def _said(say: Callable[[str], None], f: dict[str, Any], rest: str, what: str = 
         f"CPU {f['cpu_alpha'] * 1e6:.0f} us + {f['cpu_beta'] * 1e9:.3f} ns/B per call{rest}")
 
 
+def _ones(train_args: list[str], nprocs: list[int], thread_counts: list[int], n_cores: int, timeout: float,
+          say: Callable[[str], None], interference: bool, commands: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the 1-process run per thread count, the inflation at each P where ``interference``)."""
+    single, inflation = {}, {}
+    with tempfile.TemporaryDirectory(prefix="trainscale-cal-") as tmp:
+        for t in thread_counts:
+            say(f"calibrate: 1 process, {t} thread(s)")
+            single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
+            commands.append(cmd)
+        alone: dict[int, list[float]] = {}  # threads -> the 1-process run's CPU per step, no exchange
+        for p in (n for n in nprocs if n > 1 and interference):
+            t = max(1, n_cores // p)
+            if t not in alone:
+                say(f"calibrate: 1 process, {t} thread(s), no gradient exchange")
+                alone[t], cmd = _nocomm_cpu(train_args, 1, t, Path(tmp), timeout)
+                commands.append(cmd)
+            say(f"calibrate: the job on {p} processes, no gradient exchange")
+            at_p, cmd = _nocomm_cpu(train_args, p, t, Path(tmp), timeout)
+            commands.append(cmd)
+            inflation[str(p)] = _inflation(at_p, alone[t])
+            say(f"  CPU per step {inflation[str(p)]['cpu_s'] * 1e3:.2f} ms, x{inflation[str(p)]['ratio']:.3f} "
+                "the 1-process run's")
+    return single, inflation
+
+
+def _probes(layout: dict[str, Any], single: dict[str, Any], inflation: dict[str, Any], nprocs: list[int],
+            n_cores: int, timeout: float, say: Callable[[str], None], launcher: LauncherOptions | None,
+            nn: int, commands: list[str]) -> dict[str, dict[str, Any]]:
+    """The all-reduce, core share and skeleton at each P (and across nodes, flat and hierarchical, with a launcher)."""
+    got: dict[str, dict[str, Any]] = {k: {} for k in ("allreduce", "across", "share", "replay", "across_hier",
+                                                       "replay_hier")}
+    for p in (n for n in nprocs if n > 1):
+        t = max(1, n_cores // p)
+        sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
+        for world, opts in ((p, None), (p * nn, launcher)) if nn > 1 else ((p, None),):
+            say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes"
+                + (f" on each of {nn} nodes, flat and hierarchical" if opts else ""))
+            d = _probe(p, timeout, t, sk, opts)
+            got["across" if opts else "allreduce"][str(p)] = f = _fitted(d)
+            if not opts:
+                got["share"][str(p)] = float(d["share"])
+            got["replay"][str(world)] = _replayed(d["skeleton"], layout, sk, t)
+            commands.append(d["command"])
+            _said(say, f, f", core share {float(d['share']):.2f}, skeleton step "
+                          f"{got['replay'][str(world)]['step_s'] * 1e3:.1f} ms", "flat: " if opts else "")
+            if opts and "hierarchical" in d:
+                h = d["hierarchical"]
+                got["across_hier"][str(p)] = f = _fitted(h)
+                got["replay_hier"][str(world)] = _replayed(h["skeleton"], layout, sk, t)
+                _said(say, f, f", skeleton step {got['replay_hier'][str(world)]['step_s'] * 1e3:.1f} ms",
+                      "hierarchical (node reduce-scatter, all-reduce across, node all-gather): ")
+    if nn > 1:
+        say(f"calibrate: the link between nodes, 1 process on each of {nn} nodes")
+        d = _probe(1, timeout, n_cores, None, launcher)
+        got["across"]["1"] = f = _fitted(d)
+        commands.append(d["command"])
+        _said(say, f, "")
+    return got
+
+
 def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: float = 600.0,
               say: Callable[[str], None] = print, with_base: bool = True, interference: bool = False,
               launcher: LauncherOptions | None = None) -> Calibration:
@@ -202,63 +266,15 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     say("calibrate: model layout and FLOPs")
     layout = model_layout(train_args)
     thread_counts = sorted(({n_cores} if with_base else set()) | {max(1, n_cores // p) for p in nprocs})
-    single, inflation, commands = {}, {}, []
-    with tempfile.TemporaryDirectory(prefix="trainscale-cal-") as tmp:
-        for t in thread_counts:
-            say(f"calibrate: 1 process, {t} thread(s)")
-            single[str(t)], cmd = _single(train_args, t, Path(tmp), timeout)
-            commands.append(cmd)
-        alone: dict[int, list[float]] = {}  # threads -> the 1-process run's CPU per step, no exchange
-        for p in (n for n in nprocs if n > 1 and interference):
-            t = max(1, n_cores // p)
-            if t not in alone:
-                say(f"calibrate: 1 process, {t} thread(s), no gradient exchange")
-                alone[t], cmd = _nocomm_cpu(train_args, 1, t, Path(tmp), timeout)
-                commands.append(cmd)
-            say(f"calibrate: the job on {p} processes, no gradient exchange")
-            at_p, cmd = _nocomm_cpu(train_args, p, t, Path(tmp), timeout)
-            commands.append(cmd)
-            inflation[str(p)] = _inflation(at_p, alone[t])
-            say(f"  CPU per step {inflation[str(p)]['cpu_s'] * 1e3:.2f} ms, x{inflation[str(p)]['ratio']:.3f} "
-                "the 1-process run's")
-    allreduce: dict[str, dict[str, Any]] = {}
-    across: dict[str, dict[str, Any]] = {}
-    share: dict[str, float] = {}
-    replay: dict[str, dict[str, Any]] = {}
-    across_hier: dict[str, dict[str, Any]] = {}
-    replay_hier: dict[str, dict[str, Any]] = {}
+    commands: list[str] = []
+    single, inflation = _ones(train_args, nprocs, thread_counts, n_cores, timeout, say, interference, commands)
     multi = launcher is not None and launcher.multi_node
     nn = node_count(launcher) if launcher is not None and multi else 1
-    for p in (n for n in nprocs if n > 1):
-        t = max(1, n_cores // p)
-        sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
-        for world, opts in ((p, None), (p * nn, launcher)) if multi else ((p, None),):
-            say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes"
-                + (f" on each of {nn} nodes, flat and hierarchical" if opts else ""))
-            d = _probe(p, timeout, t, sk, opts)
-            (across if opts else allreduce)[str(p)] = f = _fitted(d)
-            if not opts:
-                share[str(p)] = float(d["share"])
-            replay[str(world)] = _replayed(d["skeleton"], layout, sk, t)
-            commands.append(d["command"])
-            _said(say, f, f", core share {float(d['share']):.2f}, skeleton step "
-                          f"{replay[str(world)]['step_s'] * 1e3:.1f} ms", "flat: " if opts else "")
-            if opts and "hierarchical" in d:
-                h = d["hierarchical"]
-                across_hier[str(p)] = f = _fitted(h)
-                replay_hier[str(world)] = _replayed(h["skeleton"], layout, sk, t)
-                _said(say, f, f", skeleton step {replay_hier[str(world)]['step_s'] * 1e3:.1f} ms",
-                      "hierarchical (node reduce-scatter, all-reduce across, node all-gather): ")
-    if multi:
-        say(f"calibrate: the link between nodes, 1 process on each of {nn} nodes")
-        d = _probe(1, timeout, n_cores, None, launcher)
-        across["1"] = f = _fitted(d)
-        commands.append(d["command"])
-        _said(say, f, "")
+    got = _probes(layout, single, inflation, nprocs, n_cores, timeout, say, launcher, nn, commands)
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
-                      layout["flops_per_step"], n_cores, single, allreduce, share,
+                      layout["flops_per_step"], n_cores, single, got["allreduce"], got["share"],
                       machine=f"{platform.node()}, {n_cores} cores" + (f" per node, {nn} nodes" if multi else ""),
-                      commands=commands, replay=replay, inflation=inflation, nnodes=nn, across=across,
-                      across_hier=across_hier, replay_hier=replay_hier)
+                      commands=commands, replay=got["replay"], inflation=inflation, nnodes=nn, across=got["across"],
+                      across_hier=got["across_hier"], replay_hier=got["replay_hier"])
     cal.save(out)
     return cal

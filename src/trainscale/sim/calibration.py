@@ -129,6 +129,17 @@ class Calibration:
                    buffer_bytes=self.buffer_bytes, cpu_s=s.get("cpu_s", 0.0), threads=t,
                    core_share=share_per_thread(s.get("cpu_s", 0.0), s.get("mean_step_s", s["step_s"]), t))
 
+    def measured_terms(self) -> dict[str, float]:
+        """What this calibration measured of ``costs/scale.py``'s terms, from its 1-process run with the most
+        threads: the compute's spread, and the host's jitter (the wall step's noise beyond the compute's)."""
+        if not self.single:
+            return {}
+        s = self.single[str(max(int(t) for t in self.single))]
+        out = {"spread": float(s.get("spread", 0.0))}
+        if "host_jitter_s" in s:
+            out["host_jitter_s"] = float(s["host_jitter_s"])
+        return out
+
     def cluster(self, nproc_max: int = 1) -> ClusterSpec:
         """This machine as a cluster: all-reduce time and CPU fits, core shares and per-thread-count jobs."""
         fitted = _fits(self.allreduce)

@@ -41,7 +41,7 @@ examples:
   trainscale plan --params 25.6e6 --inter 50gbe --gpus-per-node 8 --intra nvlink1 --gpu P100 \\
       --samples-per-s-1 230 --batch-size 32 --nodes 1,32                 # Goyal et al. 2017's cluster
   trainscale plan --params 8.03B --gpu name=H200,bf16=989T,mem=4.8TB/s --precision bf16 --samples-per-s-1 1.3 \\
-      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --framework-overhead fitted
+      --batch-size 2 --intra nvlink4 --inter 3200Gb/s --fsdp-units 32 --compression bf16 --framework-overhead fitted
 """
 
 
@@ -81,13 +81,22 @@ def _parser() -> argparse.ArgumentParser:
     a("--mfu", type=float, default=0.4, help="share of peak FLOP/s the job reaches (FLOP estimate only; default 0.4)")
     a("--framework-overhead", default="0", metavar="KAPPA",
       help="with --gpu: add KAPPA x the 1-device step to every step at more than one device, what frameworks lose "
-           "beyond communication; 'fitted': the catalogue's constant for --precision's class, fitted on published "
-           "tables (docs/plan.md, held-out check); default 0")
+           "beyond communication; 'fitted': the catalogue's measurable terms instead (step spread, host jitter, "
+           "DDP's time per parameter; costs/catalog.json scale_terms, scored leave-one-source-out in docs/plan.md); "
+           "default 0")
+    a("--host-sync", action="store_true", help="the step waits for the host every step (a loss scaler's overflow "
+                                               "check, loss.item()): the host's jitter adds to the slowest rank")
     a("--measured", help="measured speed-ups W:S,... (e.g. 4:3.15,8:4.79) or a bench.json: says whether the "
                          "forecast explains them")
     a("--json", metavar="PATH", help="write the forecast as JSON ({points: [...], assumptions: {...}})")
     a("--out", default="runs/plan", help="folder for plan.json, plan.md, plan.html and plots (default runs/plan)")
     a("--compare", action="store_true", help="rank strategies per world size and say which to use")
+    _strategy_options(p)
+    return p
+
+
+def _strategy_options(p: argparse.ArgumentParser) -> None:
+    """The ``strategy`` options of ``trainscale plan``."""
     g = p.add_argument_group("strategy")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="fusion bucket in MB; 0: one all-reduce per tensor")
     g.add_argument("--no-overlap", action="store_true", help="all-reduce after backward instead of during it")
@@ -105,8 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--fsdp-units", type=int, default=0, metavar="N",
                    help="forecast FSDP (strategy.fsdp) with N equal units, e.g. the model's blocks, instead of DDP: "
                         "each unit all-gathered before its forward and backward and reduce-scattered after it, "
-                        "one unit of prefetch")
-    return p
+                        "one unit of prefetch (--no-overlap: none); --compression fp16/bf16 sets both collectives' dtype")
+    g.add_argument("--fsdp-gather-dtype", metavar="DTYPE",
+                   help="FSDP: dtype parameters are all-gathered in: fp32 (default), bf16, fp16 or fp8 (param_dtype)")
+    g.add_argument("--fsdp-reduce-dtype", metavar="DTYPE",
+                   help="FSDP: dtype gradients are reduce-scattered in: fp32 (default), bf16 or fp16 (reduce_dtype)")
 
 
 def _numbers(a: argparse.Namespace) -> None:
@@ -135,15 +147,37 @@ def _strategy(a: argparse.Namespace) -> Any:
         raise ConfigError("--bucket-mb", a.bucket_mb, "must be >= 0 (0: one all-reduce per tensor)")
     if a.fsdp_units < 0:
         raise ConfigError("--fsdp-units", a.fsdp_units, "must be >= 1 (the units FSDP shards), or 0 for DDP")
+    gather, reduce = 4.0, 4.0
     if a.fsdp_units:
-        others = {"--hierarchical": a.hierarchical, "--compression": a.compression != "none",
+        others = {"--hierarchical": a.hierarchical, "--compression powersgd": a.compression == "powersgd",
                   "--local-sgd": a.local_sgd, "--zero1": a.zero1, "--ps-mode": a.ps_mode,
-                  "--pipeline-stages": a.pipeline_stages > 1, "--no-overlap": a.no_overlap, "--compare": a.compare}
+                  "--pipeline-stages": a.pipeline_stages > 1, "--compare": a.compare}
         clash = [k for k, on in others.items() if on]
         if clash:
             raise ConfigError("--fsdp-units", a.fsdp_units, f"FSDP is forecast on its own, not with {', '.join(clash)}")
-    return StrategySpec(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, a.compression, 1, a.local_sgd, a.zero1,
-                    a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units)
+        # --compression fp16/bf16 is FSDP's mixed precision: both collectives in that dtype unless given apart
+        both = a.compression if a.compression in FSDP_DTYPES else "fp32"
+        gather = _fsdp_dtype(a.fsdp_gather_dtype or both, "--fsdp-gather-dtype")
+        reduce = _fsdp_dtype(a.fsdp_reduce_dtype or both, "--fsdp-reduce-dtype")
+    elif a.fsdp_gather_dtype or a.fsdp_reduce_dtype:
+        raise ConfigError("--fsdp-gather-dtype" if a.fsdp_gather_dtype else "--fsdp-reduce-dtype",
+                          a.fsdp_gather_dtype or a.fsdp_reduce_dtype, "needs --fsdp-units N (FSDP)")
+    compression = "none" if a.fsdp_units else a.compression
+    return StrategySpec(a.bucket_mb, not a.no_overlap, a.hierarchical, a.algo, compression, 1, a.local_sgd, a.zero1,
+                        a.ps_mode, a.ps_k, 0.0, a.pipeline_stages, a.microbatches, a.schedule, a.fsdp_units,
+                        gather, reduce)
+
+
+# Bytes per element of FSDP's collectives (its MixedPrecisionPolicy param_dtype and reduce_dtype; fp8 all-gather
+# as torchao's float8 training sends it).
+FSDP_DTYPES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+def _fsdp_dtype(text: str, key: str) -> float:
+    """Bytes per element of an FSDP collective's dtype, or a one-line error naming the accepted ones."""
+    if text not in FSDP_DTYPES:
+        raise ConfigError(key, text, "one of " + ", ".join(FSDP_DTYPES))
+    return FSDP_DTYPES[text]
 
 
 def _worlds(a: argparse.Namespace) -> list[int]:
@@ -217,18 +251,6 @@ def _job_from_args(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any])
     assumptions["params"] = f"{params:,}" + (f" ({entry['source']})" if entry and not a.params else "")
     return Job(a.model or (cal.job.get("model.name") if cal else "job"), params, batch, step, step, tensor_bytes=tb,
                tensor_costs=costs, buffer_bytes=cal.buffer_bytes if cal else 0.0)
-
-
-def _with_framework_overhead(a: argparse.Namespace, points: list[Any], job: Any, assumptions: dict[str, Any]) -> list[Any]:
-    """The points with ``--framework-overhead`` added (a catalogue forecast only: a calibration measures it)."""
-    from ..costs.overhead import fitted_overhead, precision_class, with_overhead
-
-    kappa = fitted_overhead(a.precision) if a.framework_overhead == "fitted" else float(a.framework_overhead)
-    if kappa:
-        how = (f"fitted for {precision_class(a.precision)} precision (catalog.json)" if a.framework_overhead == "fitted"
-               else "given")
-        assumptions["framework_overhead"] = f"{kappa:g} x the 1-device step added at P > 1 ({how})"
-    return with_overhead(points, job.step_s, kappa)
 
 
 def _compare(job: Any, cluster: Any, base: Any, worlds: list[int]) -> Compared:
@@ -310,7 +332,7 @@ def main(argv: list[str]) -> int:
     cal = _calibration(a, rest)
     assumptions: dict[str, Any] = {"strategy": strategy.label()}
     target = _catalog_target(a, cal, assumptions) if a.gpu else _machine_target(a, cal, assumptions)
-    points, notes, compare = _forecast(a, target, strategy, measured, assumptions)
+    points, notes, compare = _forecast(a, target, strategy, measured, assumptions, cal)
     doc = plan_json(points, assumptions, {"measured_speedup": measured, "conclusions": notes,
                                           "compare": compare or []})
     files = write_plan(Path(a.out), doc, points, notes, compare)
@@ -419,14 +441,21 @@ def _across_nodes(cal: Any) -> dict[str, Any]:
 
 
 def _forecast(a: argparse.Namespace, target: _Target, strategy: Any, measured: dict[int, float],
-              assumptions: dict[str, Any]) -> tuple[list[Any], list[str], Compared | None]:
+              assumptions: dict[str, Any], cal: Any = None) -> tuple[list[Any], list[str], Compared | None]:
     """The points, the conclusions (gaps to the measured speed-ups, the strategy to use) and the comparison."""
     from ..costs.forecast import forecast
     from ..costs.verdict import NOT_MODELLED, gaps
+    from .terms import forecast_terms
 
     points = forecast(target.job, target.cluster, strategy, target.worlds)
+    given = {"one_device_step_s": "given (--samples-per-s-1)"} if a.samples_per_s_1 else {}
+    assumptions["terms"] = forecast_terms(target.job, target.cluster, strategy, measured=not a.gpu, given=given)
     if a.gpu:
-        points = _with_framework_overhead(a, points, target.job, assumptions)
+        from .terms import with_scale_terms
+
+        measured_terms = cal.measured_terms() if cal is not None else {}
+        points = with_scale_terms(points, target.job, a.framework_overhead, a.host_sync, a.gpu, a.fsdp_units,
+                                  assumptions, measured_terms)
     assumptions["not_modelled"] = "; ".join(NOT_MODELLED)
     notes = gaps(points, measured)
     compare = _compare(target.job, target.cluster, strategy, target.worlds) if a.compare else None
