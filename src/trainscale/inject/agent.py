@@ -41,6 +41,7 @@ def activate() -> None:
     _agent = Agent(cfg, "job.steps" in given, int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
                    os.environ.get("TRAINSCALE_JSON", ""))
     _agent.status.update(install(_agent))
+    atexit.register(_agent.finish)  # the script's end; a run given job.steps ends at its last step instead
 
 
 class GradMeter:
@@ -94,6 +95,7 @@ class Agent:
         self._closing: int | None = None
         self.t_start, self.finished = time.perf_counter(), False
         self.store: Any = None
+        self.backend = "gloo"
         self.phases_unrun: dict[str, str] = {}
         self.framework: dict[str, Any] = {}
 
@@ -139,9 +141,10 @@ class Agent:
 
     def _start(self) -> None:
         """After the first iteration: the device, the store, the accounting and the instruments."""
-        from .finish import connect_store
+        from .finish import backend_now, connect_store
 
         device = self._device()
+        self.backend = backend_now(device)
         self.store = connect_store()
         self.meter = GradMeter(device.type == "cpu")
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -153,7 +156,6 @@ class Agent:
         self.ins.loop_starts(time.perf_counter())
         self._switch(self.ins.mode(0))
         self.ins.forward_starts()
-        atexit.register(self.finish)
 
     def _device(self) -> torch.device:
         for ddp in self.ddps:

@@ -24,7 +24,7 @@ from ..config import config_to_dict
 from ..train.instruments import merge_accounting, merge_phase_stats
 from ..train.summary import SCHEMA_VERSION, median_spread, write_summary
 
-__all__ = ["connect_store", "finish_run", "NO_STEP"]
+__all__ = ["connect_store", "finish_run", "backend_now", "NO_STEP"]
 
 NO_STEP = ("the script never stepped an optimizer (no torch.optim step seen on rank 0), so it has no iterations "
            "to time: run a training loop, or put it on the run API -- add `run = trainscale.init()` before the "
@@ -120,7 +120,7 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "world_size": world, "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         "procs_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), "cluster_source": "torchrun",
-        "backend": _backend(), "device": str(ins.device.type),
+        "backend": agent.backend, "device": str(ins.device.type),
         "model": ddp[0]["module"] if ddp else "user", "data": "user",
         "batch_size": per_rank_batch, "grad_accum": max(1, per_rank[0]["micro"]), "global_batch": global_batch,
         "steps": agent.boundaries, "measured_steps": len(ins.step_times),
@@ -143,10 +143,12 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _backend() -> str:
+def backend_now(device: torch.device) -> str:
+    """The script's process-group backend (read while its group is up), else the device's default."""
     import torch.distributed as dist
 
     try:
-        return str(dist.get_backend()) if dist.is_initialized() else "none"
-    except Exception:
-        return "none"
+        name = str(dist.get_backend()) if dist.is_initialized() else ""
+    except Exception:  # a group of a kind this PyTorch does not name: the device's default
+        name = ""
+    return name if name in ("gloo", "nccl") else "nccl" if device.type == "cuda" else "gloo"

@@ -1,0 +1,72 @@
+"""A plain DDP script, unmodified, under trainscale: same weights as without it, and the doctor names its fault."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from inject_helpers import SCRIPTS, injected, torchrun
+
+from clitools import read_json, run_cli
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.timeout(240)
+def test_instrumented_run_keeps_the_weights_bit_for_bit(tmp_path):
+    ref, ins = tmp_path / "ref.pt", tmp_path / "ins.pt"
+    plain = torchrun("ddp_train.py", ["--steps", "12", "--width", "64", "--save", str(ref)])
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    summary = injected("ddp_train.py", ["--steps", "12", "--width", "64", "--save", str(ins)], tmp_path)
+    a, b = torch.load(ref), torch.load(ins)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the summary is the run API's: the lab reads it as it reads any run's
+    read_json(tmp_path / "ddp_train_n2.json")
+    assert summary["world_size"] == 2 and summary["steps"] == 12 and summary["measured_steps"] > 0
+    assert summary["injected"]["framework"]["name"] == "PyTorch"
+    assert summary["injected"]["measurements"]["step"] == "measured"
+    assert summary["injected"]["ddp"][0]["find_unused_parameters"] is False
+
+
+@pytest.mark.timeout(400)
+def test_doctor_names_a_slow_collate_as_input(tmp_path):
+    out = tmp_path / "doc"
+    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--quick", "--cycles", "4", "--phase-steps", "6",
+                 "--out", str(out), "--", "torchrun", "--nproc-per-node", "2", str(SCRIPTS / "ddp_train.py"),
+                 "--slow-collate-ms", "20", "--steps", "100000"], timeout=380)
+    assert r.rc == 0, r.err[-3000:]
+    doc = read_json(out / "doctor.json")
+    assert doc["bottleneck"]["name"] == "input"
+    summaries = [read_json(p) for p in (out / "runs").glob("*.json")]
+    assert summaries and all(s["injected"]["framework"]["name"] == "PyTorch" for s in summaries)
+
+
+@pytest.mark.timeout(120)
+def test_bad_commands_are_one_line(tmp_path):
+    for cmd in (["ls", "-l"], ["bash", "train.sh"], ["torchrun", "--nproc-per-node", "x", "t.py"]):
+        r = run_cli(["doctor", "--nproc", "2", "--out", str(tmp_path / "d"), "--", *cmd], timeout=60)
+        assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, (cmd, r.err)
+    assert not (tmp_path / "d").exists()
+
+
+NEVER_STEPS = """
+import torch
+model = torch.nn.Linear(4, 4)
+print(model(torch.randn(2, 4)).sum().item())
+"""
+
+CRASH = """
+import torch
+raise RuntimeError("the user's own bug at start")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_script_without_steps_or_that_crashes_is_named(tmp_path):
+    (tmp_path / "never.py").write_text(NEVER_STEPS)
+    (tmp_path / "crash.py").write_text(CRASH)
+    never = run_cli(["bench", "--nproc", "1", "--repeat", "1", "--out", str(tmp_path / "b"), "--", "python",
+                     str(tmp_path / "never.py")], timeout=120)
+    assert never.rc == 1 and "never stepped an optimizer" in " ".join(never.err.split())
+    crash = run_cli(["bench", "--nproc", "1", "--repeat", "1", "--out", str(tmp_path / "c"), "--", "python",
+                     str(tmp_path / "crash.py")], timeout=120)
+    assert crash.rc == 1 and "the user's own bug at start" in crash.err
