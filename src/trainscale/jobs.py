@@ -26,7 +26,7 @@ from .distributed.cluster import unplaced
 from .signals import interrupt_on
 
 __all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill",
-           "check_train_args", "to_overrides"]
+           "check_train_args", "to_overrides", "instrumented"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
@@ -86,6 +86,13 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:i], parse_command(argv[i + 1:]).script
 
 
+def instrumented(script: list[str] | None) -> bool:
+    """A script not on the run API: trainscale instruments its ranks from outside (``trainscale.inject``)."""
+    from .inject.command import uses_run_api
+
+    return script is not None and not uses_run_api(script)
+
+
 class RunFailed(RuntimeError):
     """A training run ended with an error (or timed out); ``detail`` holds its last error lines."""
 
@@ -133,9 +140,7 @@ class RunSpec:
     @property
     def injected(self) -> bool:
         """A script not on the run API: trainscale instruments its ranks from outside (``trainscale.inject``)."""
-        from .inject.command import uses_run_api
-
-        return self.script is not None and not uses_run_api(self.script)
+        return instrumented(self.script)
 
     @property
     def folder(self) -> Path:

@@ -38,9 +38,14 @@ def activate() -> None:
         return
     given = parse_override_args(shlex.split(os.environ.get("TRAINSCALE_ARGS", "")))
     cfg = load_config(extra=given)
+    unrun = {}
+    if cfg.ablate.compute == "sleep":  # needs the model's leaf modules replaced: not done from outside
+        unrun["sleep"] = "the sleep test replaces the model's operators: not run on a script trainscale did not build"
+        cfg.ablate.compute = "none"
     _agent = Agent(cfg, "job.steps" in given, int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
                    os.environ.get("TRAINSCALE_JSON", ""))
     _agent.status.update(install(_agent))
+    _agent.phases_unrun.update(unrun)
     atexit.register(_agent.finish)  # the script's end; a run given job.steps ends at its last step instead
 
 
@@ -89,6 +94,10 @@ class Agent:
         self.samples: list[int] = []
         self.step_samples = self.micro = 0
         self.micro_counts: list[int] = []
+        self.sync_forwards = 0  # forwards whose backward exchanges, this iteration
+        self.sync_counts: list[int] = []  # the same, per iteration
+        self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
+        self.workers: int | None = None  # the first loader's worker processes
         self.loss_first: Any = None
         self.loss_last: Any = None
         self._seen: list[int] = []
@@ -124,6 +133,8 @@ class Agent:
         """One iteration ended: time it, switch the next one's experiment, stop when the run has its steps."""
         self.boundaries += 1
         self.micro_counts.append(self.micro)
+        self.sync_counts.append(self.sync_forwards)
+        self.sync_forwards = 0
         self.samples.append(self.step_samples)
         self.step_samples = self.micro = 0
         if self.ins is None:
@@ -154,6 +165,9 @@ class Agent:
         out = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), out, acct)
         self.ins.loop_starts(time.perf_counter())
+        if self.world > 1 and not self.ddps and self.ins.plan is not None and "no_comm" in self.ins.plan.names:
+            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "
+                                            "exchange): its no_comm phase kept the exchange, so it measures nothing")
         self._switch(self.ins.mode(0))
         self.ins.forward_starts()
 
@@ -177,6 +191,11 @@ class Agent:
     def ddp_forward(self, ddp: Any) -> None:
         if self.mode.no_comm:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
+        elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
+            self.sync_forwards += 1
+
+    def graph_walk(self, seconds: float) -> None:
+        self.walk_s += seconds
 
     def ddp_created(self, ddp: Any) -> None:
         self.ddps.append(ddp)
@@ -186,6 +205,8 @@ class Agent:
         """The loop takes a batch: its wait is data wait; under ``no_data`` one batch is replayed."""
         if self.depth:
             return fetch(it)
+        if self.workers is None:
+            self.workers = int(getattr(it, "_num_workers", 0) or 0)
         if self.mode.no_data and self.fixed is not None:
             batch = self.fixed
         else:

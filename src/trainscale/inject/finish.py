@@ -21,7 +21,7 @@ import torch
 
 from ..about import versions
 from ..config import config_to_dict
-from ..train.instruments import merge_accounting, merge_phase_stats
+from ..train.instruments import merge_accounting, merge_phase_stats, write_trace
 from ..train.summary import SCHEMA_VERSION, median_spread, write_summary
 
 __all__ = ["connect_store", "finish_run", "backend_now", "NO_STEP"]
@@ -59,7 +59,8 @@ def finish_run(agent: Any) -> None:
     ins.finish(agent.world)
     local = {"stats": ins.local_stats(), "loss": _losses(agent), "status": agent.status,
              "ddp": [_ddp_facts(d) for d in agent.ddps], "samples": _median(agent.samples[1:]),
-             "micro": _median(agent.micro_counts[1:]), "threads": torch.get_num_threads()}
+             "micro": _median(agent.micro_counts[1:]), "threads": torch.get_num_threads(),
+             "timeline": ins.timeline_rows()}
     if agent.store is not None and agent.world > 1:
         agent.store.set(_key(agent.rank), pickle.dumps(local))
         if agent.rank != 0:
@@ -68,7 +69,25 @@ def finish_run(agent: Any) -> None:
     else:
         per_rank = [local]
     if agent.rank == 0 and agent.json_path:
-        write_summary(agent.json_path, build_summary(agent, per_rank))
+        summary = build_summary(agent, per_rank)
+        if ins.timeline is not None:
+            path = ins.out_dir / "timeline.json"
+            write_trace(path, [r["timeline"] for r in per_rank], {"world_size": agent.world, "backend": agent.backend,
+                                                                  "started_at": summary["started_at"]})
+            summary["timeline"] = str(path)
+        write_summary(agent.json_path, summary)
+
+
+def _setup(agent: Any, local: dict[str, Any]) -> dict[str, Any]:
+    """What the job's setup costs or risks, as counted on rank 0 (the doctor turns these into causes)."""
+    from ..about import available_cores
+
+    n = max(1, agent.boundaries)
+    return {"find_unused_walk_s_per_step": agent.walk_s / n if any(d.find_unused_parameters for d in agent.ddps)
+            else None,
+            "exchanges_per_step": _median(agent.sync_counts[1:]), "micro_batches_per_step": local["micro"],
+            "loader_workers": agent.workers, "threads": local["threads"], "processes_per_node":
+            int(os.environ.get("LOCAL_WORLD_SIZE", str(agent.world))), "cores": available_cores()}
 
 
 def _median(values: list[int]) -> int:
@@ -138,7 +157,8 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "rank_cpu_s": [s[5] for s in stats], "compute_s": stats[0][0],
         "slow_rank": -1, "slow_factor": 1.0, "stragglers": [],
         "wall_s": wall, "config": config_to_dict(agent.cfg), "loss_curve": [],
-        "injected": {"framework": fw, "ddp": ddp, "measurements": per_rank[0]["status"],
+        **ins.artefacts,
+        "injected": {"framework": fw, "setup": _setup(agent, per_rank[0]), "ddp": ddp, "measurements": per_rank[0]["status"],
                      "experiments_not_run": agent.phases_unrun, "argv": list(sys.argv)},
     }
 

@@ -11,6 +11,7 @@ import functools
 import importlib
 import importlib.util
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -143,7 +144,21 @@ def _ddp(torch: Any, agent: Any) -> str:
 
     cls.__init__ = __init__
     cls.forward = forward_
-    return "measured"
+    post = getattr(cls, "_post_forward", None)
+    if post is not None:  # where find_unused_parameters walks the autograd graph (reducer.prepare_for_backward)
+
+        @functools.wraps(post)
+        def _post_forward(self: Any, output: Any) -> Any:
+            if not self.find_unused_parameters:
+                return post(self, output)
+            t = time.perf_counter()
+            try:
+                return post(self, output)
+            finally:
+                agent.graph_walk(time.perf_counter() - t)
+
+        cls._post_forward = _post_forward
+    return "measured" if post is not None else "measured (not find_unused_parameters' walk: no DDP._post_forward)"
 
 
 def _accelerate_loaders(module: Any, agent: Any) -> None:

@@ -196,6 +196,11 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
                         f"Machine: {doc['machine']}."))
     if doc.get("external"):
         blocks.append(("p", _external_text(doc["external"])))
+    if doc.get("injected"):  # a script instrumented from outside: which experiments ran, what its setup costs
+        blocks += [("h2", "Your script as it is"), ("p", doc["injected"]["line"])]
+        if doc["injected"].get("setup_causes"):
+            blocks.append(("table", ["setting", "evidence", "change"],
+                           [[c["name"], c["evidence"], c["advice"]] for c in doc["injected"]["setup_causes"]]))
     if res:
         blocks += [("p", f"Step time {res['step_time_1_s'] * 1e3:.3f} ms at 1 process, {res['step_time_n_s'] * 1e3:.3f}"
                          f" ms at {res['nproc']}: scaling loss {res['scaling_loss_s'] * 1e3:+.3f} ms/step "
