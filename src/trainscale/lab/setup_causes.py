@@ -56,7 +56,8 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
 
 
 def _find_unused(ddp: dict[str, Any], setup: dict[str, Any], fw: str, step_s: float) -> dict[str, Any]:
-    data = ddp.get("logging_data") if isinstance(ddp.get("logging_data"), dict) else {}
+    logged = ddp.get("logging_data")
+    data: dict[str, Any] = logged if isinstance(logged, dict) else {}
     unused = data.get("unused_parameter_size")
     raw = setup.get("find_unused_walk_s_per_step")
     walk = float(raw) if isinstance(raw, (int, float)) else math.nan
