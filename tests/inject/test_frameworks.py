@@ -7,8 +7,9 @@ batch makes the step shorter); the doctor's verdicts per framework and fault in 
 from __future__ import annotations
 
 import pytest
-from clitools import read_json, run_cli
 from inject_helpers import OFFLINE, SCRIPTS, injected
+
+from clitools import read_json, run_cli
 
 pytestmark = pytest.mark.dist
 
