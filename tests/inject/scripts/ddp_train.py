@@ -66,7 +66,7 @@ def main():
     collate = slow_collate(args.slow_collate_ms) if args.slow_collate_ms else None
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
 
-    step, epoch = 0, 0
+    step, epoch, t_warm = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -75,11 +75,14 @@ def main():
             loss.backward()
             optimizer.step()
             step += 1
+            if step == 5:
+                t_warm = time.perf_counter()
             if step == args.steps:
                 break
         epoch += 1
     if rank == 0:
-        print(f"done: {step} steps, loss {loss.item():.4f}")
+        ms = (time.perf_counter() - t_warm) * 1e3 / max(1, step - 5)
+        print(f"done: {step} steps, loss {loss.item():.4f}, {ms:.3f} ms/step after the first 5")
         if args.save:
             torch.save(model.state_dict(), args.save)
     dist.destroy_process_group()
