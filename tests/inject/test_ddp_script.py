@@ -7,6 +7,7 @@ import torch
 from inject_helpers import SCRIPTS, injected, torchrun
 
 from clitools import read_json, run_cli
+from trainscale.jobs import RunFailed
 
 pytestmark = pytest.mark.dist
 
@@ -70,3 +71,16 @@ def test_a_script_without_steps_or_that_crashes_is_named(tmp_path):
     crash = run_cli(["bench", "--nproc", "1", "--repeat", "1", "--out", str(tmp_path / "c"), "--", "python",
                      str(tmp_path / "crash.py")], timeout=120)
     assert crash.rc == 1 and "the user's own bug at start" in crash.err
+
+
+@pytest.mark.timeout(240)
+def test_a_hook_that_cannot_be_reached_is_reported_never_fatal(tmp_path, monkeypatch):
+    phased = ["--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "3", "--steps", "12"]
+    monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "ddp,data_wait")  # as on a PyTorch without those hooks
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64"], tmp_path, switches=phased)
+    m = s["injected"]["measurements"]
+    assert m["step"] == "measured" and m["ddp"].startswith("not measured") and m["data_wait"].startswith("not")
+    assert set(s["injected"]["experiments_not_run"]) == {"no_data", "no_comm"}
+    monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "step")  # nothing to time: the run ends, observed only, and says so
+    with pytest.raises(RunFailed, match="observed only"):
+        injected("ddp_train.py", ["--steps", "8", "--width", "64"], tmp_path)

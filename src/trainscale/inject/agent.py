@@ -165,9 +165,7 @@ class Agent:
         out = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), out, acct)
         self.ins.loop_starts(time.perf_counter())
-        if self.world > 1 and not self.ddps and self.ins.plan is not None and "no_comm" in self.ins.plan.names:
-            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "
-                                            "exchange): its no_comm phase kept the exchange, so it measures nothing")
+        self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))
         self.ins.forward_starts()
 
@@ -178,6 +176,16 @@ class Agent:
         return torch.device("cpu")
 
     # ---- the experiments
+    def _note_unrun(self, phases: list[str]) -> None:
+        """The phases asked for that cannot remove what they should: they run as ``base`` and are named here."""
+        if "no_data" in phases and self.status.get("data_wait") != "measured":
+            self.phases_unrun["no_data"] = f"the loader could not be reached ({self.status.get('data_wait')})"
+        if "no_comm" in phases and self.status.get("ddp") != "measured":
+            self.phases_unrun["no_comm"] = f"DDP could not be reached ({self.status.get('ddp')})"
+        elif "no_comm" in phases and self.world > 1 and not self.ddps:
+            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "
+                                            "exchange): its no_comm phase kept the exchange")
+
     def _switch(self, new: StepMode) -> None:
         """Into or out of ``no_comm``: DDP's own switch, and rank 0's weights broadcast when the phase ends."""
         old, self.mode = self.mode, new

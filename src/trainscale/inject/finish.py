@@ -53,7 +53,10 @@ def finish_run(agent: Any) -> None:
     ins = agent.ins
     if ins is None:
         if agent.rank == 0 and agent.json_path:
-            Path(agent.json_path + ".why").write_text(NO_STEP + "\n")
+            step = agent.status.get("step", "measured")
+            why = NO_STEP if step.startswith("measured") else (
+                f"the optimizer step could not be reached ({step}): the script ran, observed only, with nothing timed")
+            Path(agent.json_path + ".why").write_text(why + "\n")
         return
     ins.end_steps()
     ins.finish(agent.world)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "after_import"]
+__all__ = ["install", "after_import", "SKIP"]
 
 
 def after_import(name: str, fn: Callable[[Any], None]) -> None:
@@ -52,17 +53,20 @@ class _Watch:
         return spec
 
 
+SKIP = "TRAINSCALE_INJECT_SKIP"  # comma-separated patches to leave out (a patch that misbehaves with a framework)
+
+
 def install(agent: Any) -> dict[str, str]:
     """Install every patch on the already imported torch; returns measurement -> "measured" or why not."""
     import torch
 
-    status: dict[str, str] = {}
-    status["step"] = _optimizer_hooks(torch, agent)
-    status["amp_skipped_steps"] = _scaler(torch, agent)
-    status["backward"] = _backward(torch, agent)
-    status["data_wait"] = _loader(torch, agent)
-    status["ddp"] = _ddp(torch, agent)
-    after_import("accelerate.data_loader", lambda m: _accelerate_loaders(m, agent))
+    skip = {s.strip() for s in os.environ.get(SKIP, "").split(",") if s.strip()}
+    patches = {"step": _optimizer_hooks, "amp_skipped_steps": _scaler, "backward": _backward, "data_wait": _loader,
+               "ddp": _ddp}
+    status = {name: f"not measured: left out ({SKIP})" if name in skip else patch(torch, agent)
+              for name, patch in patches.items()}
+    if "data_wait" not in skip:
+        after_import("accelerate.data_loader", lambda m: _accelerate_loaders(m, agent))
     return status
 
 
