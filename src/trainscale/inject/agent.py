@@ -3,9 +3,9 @@ trainscale's own instruments; the paired experiments switched at the step bounda
 
 ``activate`` runs once the script has imported torch (``site/sitecustomize.py``). The switches come as the run
 API's do (``TRAINSCALE_ARGS``: ``--ablate.phases``, ``--job.steps``...; ``TRAINSCALE_JSON``: where the summary
-goes). With ``job.steps`` given, every rank ends its process once that many steps are measured and the summary
-is written (the doctor's runs need a known length, whatever the script's own); without it, the summary is
-written when the script exits.
+goes). Every rank ends its process once ``job.steps`` steps are timed (300 unless the lab gives a number: the lab's
+runs need a known length, whatever the script's own) and the summary is written; a script that ends sooner has
+its summary written when it exits.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def activate() -> None:
     if cfg.ablate.compute == "sleep":  # needs the model's leaf modules replaced: not done from outside
         unrun["sleep"] = "the sleep test replaces the model's operators: not run on a script trainscale did not build"
         cfg.ablate.compute = "none"
-    _agent = Agent(cfg, "job.steps" in given, int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
+    _agent = Agent(cfg, int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
                    os.environ.get("TRAINSCALE_JSON", ""))
     _agent.status.update(install(_agent))
     _agent.phases_unrun.update(unrun)
@@ -80,9 +80,9 @@ class GradMeter:
 class Agent:
     """One rank's view of the script's run; the hooks call its methods, which stay O(1) per call."""
 
-    def __init__(self, cfg: Any, steps_given: bool, rank: int, world: int, json_path: str):
+    def __init__(self, cfg: Any, rank: int, world: int, json_path: str):
         self.cfg, self.rank, self.world, self.json_path = cfg, rank, world, json_path
-        self.stop_at = cfg.job.steps if steps_given else 0
+        self.stop_at = cfg.job.steps  # the lab's run length (300 unless it gives one), or the script's end if sooner
         self.status: dict[str, str] = {}
         self.posts = self.boundaries = 0
         self.ins: Instruments | None = None
