@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale bench``: check the options, run the sweep, analyse, write and print the report."""
+    given = argv[argv.index("--") + 1:] if "--" in argv else None
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     launcher = launcher_options(args)
@@ -71,6 +72,7 @@ def main(argv: list[str]) -> int:
         return follow(launcher, args.timeout)
     out = Path(args.out)
     doc = _new_doc(args, plan, cfg, rest, script, launcher)
+    doc["config"]["command_as_given"] = given  # the user's launcher and its settings; the lab owns the launch
     with leading(launcher):
         out.mkdir(parents=True, exist_ok=True)  # once the lab's store is up: a refused port leaves no folder
         _Sweep(plan, rest, script, launcher, args.timeout, out).run(doc, forecast)
