@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
     doc["external"] = load.report()
-    doc["injected"] = injected_note(runs)
+    doc["injected"] = injected_note(runs, lab.log)
     if doc["injected"] and runs.get(("base", world)):
         step_n = doc.get("step_time_n_s") or job_step_time(runs[("base", world)][0])
         doc["injected"]["setup_causes"] = setup_causes(runs[("base", world)][0], step_n)

@@ -23,14 +23,18 @@ def phase_parts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {ph: {**summary, **v} for ph, v in summary["phases"].items()}
 
 
-def injected_note(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """For a script instrumented from outside: its framework, what was measured, and which experiments ran."""
+def injected_note(runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """For a script instrumented from outside: its framework, what was measured, and which experiments ran
+    (``log``: the lab's log of runs, whose ``experiment`` names a phase or a second-level run)."""
     seen = [s for parts in runs.values() for s in parts if s.get("injected")]
     if not seen:
         return None
     inj = seen[0]["injected"]
     unrun = {k: v for s in seen for k, v in (s["injected"].get("experiments_not_run") or {}).items()}
-    ran = sorted({name for name, _ in runs} - set(unrun))
+    unrun.setdefault("sleep", "the sleep test replaces the model's operators: not run on a script trainscale did "
+                              "not build")
+    ran = sorted({e["experiment"].split(" (")[0] for e in log} - set(unrun))
     unmeasured = {k: v for k, v in inj["measurements"].items() if v != "measured"}
     fw = inj["framework"]
     line = (f"Your script as it is ({fw['name']} {fw.get('version') or ''}): experiments run: {', '.join(ran)}"
