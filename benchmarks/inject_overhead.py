@@ -36,7 +36,7 @@ def one_run(instrumented: bool, steps: int, width: int) -> float:
     if instrumented:
         folder = tempfile.mkdtemp(prefix="inject_overhead_")
         env.update({ENABLE: "1", "PYTHONPATH": pythonpath(env.get("PYTHONPATH", "")),
-                    "TRAINSCALE_JSON": str(Path(folder) / "summary.json"), "TRAINSCALE_ARGS": "--log.progress none"})
+                    "TRAINSCALE_JSON": str(Path(folder) / "summary.json"), "TRAINSCALE_ARGS": f"--log.progress none --job.steps {steps + 10}"})  # the script's end first
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
            "--steps", str(steps), "--width", str(width)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=True).stdout

@@ -155,22 +155,28 @@ def main(argv: list[str]) -> int:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
     doc["external"] = load.report()
-    doc["injected"] = injected_note(runs, lab.log)
-    if doc["injected"] and runs.get(("base", world)):
-        step_n = doc.get("step_time_n_s") or job_step_time(runs[("base", world)][0])
-        doc["injected"]["setup_causes"] = setup_causes(runs[("base", world)][0], step_n)
+    doc["injected"] = _injected(doc, runs, lab.log, world)
     write_json(out / "doctor.json", doc)
     if doc.get("result"):
         write_plots(doc, lab.log, runs, out, world)
     write_report(out, doc)
     if doc.get("result"):
         print_result(doc)
-    if doc["injected"]:
-        console.print(doc["injected"]["line"], highlight=False)
-        for c in doc["injected"].get("setup_causes", []):
-            console.print(f"setup: {c['name']}: {c['evidence']}\n   -> {c['advice']}", highlight=False)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _injected(doc: dict[str, Any], runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]],
+              world: int) -> dict[str, Any] | None:
+    """A script instrumented from outside: its framework, the experiments that ran, what its setup costs."""
+    note = injected_note(runs, log)
+    if note is None:
+        return None
+    base = runs.get(("base", world))
+    note["setup_causes"] = setup_causes(base[0], doc.get("step_time_n_s") or job_step_time(base[0])) if base else []
+    note["lines"] = [note["line"], *(f"setup: {c['name']}: {c['evidence']}\n   -> {c['advice']}"
+                                     for c in note["setup_causes"])]
+    return note
 
 
 def _refuse_fsdp_on_a_gpu() -> None:

@@ -266,3 +266,5 @@ def print_result(doc: dict[str, Any]) -> None:
         console.print(_bottleneck_line(doc), highlight=False)
     if doc.get("apply"):
         console.print(f"applied: {doc['apply']['text']}", highlight=False)
+    for line in (doc.get("injected") or {}).get("lines", []):  # a script as it is: what ran, what its setup costs
+        console.print(line, markup=False, highlight=False)
