@@ -178,9 +178,10 @@ class Agent:
     # ---- the experiments
     def _note_unrun(self, phases: list[str]) -> None:
         """The phases asked for that cannot remove what they should: they run as ``base`` and are named here."""
-        if "no_data" in phases and self.status.get("data_wait") != "measured":
+        reached = {k: v.startswith("measured") for k, v in self.status.items()}
+        if "no_data" in phases and not reached.get("data_wait"):
             self.phases_unrun["no_data"] = f"the loader could not be reached ({self.status.get('data_wait')})"
-        if "no_comm" in phases and self.status.get("ddp") != "measured":
+        if "no_comm" in phases and not reached.get("ddp"):
             self.phases_unrun["no_comm"] = f"DDP could not be reached ({self.status.get('ddp')})"
         elif "no_comm" in phases and self.world > 1 and not self.ddps:
             self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "

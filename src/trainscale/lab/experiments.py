@@ -35,7 +35,7 @@ def injected_note(runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[d
     unrun.setdefault("sleep", "the sleep test replaces the model's operators: not run on a script trainscale did "
                               "not build")
     ran = sorted({e["experiment"].split(" (")[0] for e in log} - set(unrun))
-    unmeasured = {k: v for k, v in inj["measurements"].items() if v != "measured"}
+    unmeasured = {k: v for k, v in inj["measurements"].items() if not v.startswith("measured")}
     fw = inj["framework"]
     line = (f"Your script as it is ({fw['name']} {fw.get('version') or ''}): experiments run: {', '.join(ran)}"
             + "".join(f"; {k} not run: {v}" for k, v in unrun.items())
