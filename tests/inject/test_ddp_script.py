@@ -84,3 +84,15 @@ def test_a_hook_that_cannot_be_reached_is_reported_never_fatal(tmp_path, monkeyp
     monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "step")  # nothing to time: the run ends, observed only, and says so
     with pytest.raises(RunFailed, match="observed only"):
         injected("ddp_train.py", ["--steps", "8", "--width", "64"], tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
+    # Blocks of 4 steps after 3 of warm-up: base, no_comm (replicas drift: each rank sees its own data), base.
+    phased = ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"]
+    each = tmp_path / "w"
+    s = injected("ddp_train.py", ["--steps", "13", "--width", "64", "--save-each", str(each)], tmp_path,
+                 switches=phased)
+    assert s["phases"]["no_comm"]["measured_steps"] > 0
+    a, b = torch.load(f"{each}.rank0"), torch.load(f"{each}.rank1")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # rank 0's weights broadcast when no_comm ended

@@ -89,6 +89,7 @@ class Agent:
         self.meter: GradMeter | None = None
         self.mode = StepMode()
         self.ddps: list[Any] = []
+        self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
         self.fixed: Any = None
         self.depth = 0
         self.samples: list[int] = []
@@ -118,6 +119,8 @@ class Agent:
         first repeat of one: two optimizers make one iteration; a wrapper and its inner optimizer likewise)."""
         self.posts += 1
         key = id(opt)
+        if self._closing is None and key not in self._seen:
+            self.optimizers.append(opt)
         if self._closing is None:
             if key not in self._seen:
                 if not self._seen:
@@ -196,6 +199,9 @@ class Agent:
             ddp.require_backward_grad_sync = not new.no_comm
             if old.no_comm:
                 _broadcast_weights(ddp)
+        if old.no_comm and self.ddps:  # momentum and moments drifted too: else the replicas part again next step
+            for opt in self.optimizers:
+                _broadcast_state(opt, self.ddps[0].process_group)
 
     def ddp_forward(self, ddp: Any) -> None:
         if self.mode.no_comm:
@@ -268,6 +274,19 @@ def _broadcast_weights(ddp: Any) -> None:
     with torch.no_grad():
         for t in [*ddp.module.parameters(), *ddp.module.buffers()]:
             dist.broadcast(t.data, 0, group=ddp.process_group)
+
+
+def _broadcast_state(opt: Any, group: Any) -> None:
+    """Rank 0's optimizer state (momentum, moments, step counts) to every replica, in parameter order."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for pg in opt.param_groups:
+            for p in pg["params"]:
+                state = opt.state.get(p, {})
+                for key in sorted(state):
+                    if isinstance(state[key], torch.Tensor):
+                        dist.broadcast(state[key], 0, group=group)
 
 
 def _batch_size(batch: Any) -> int:

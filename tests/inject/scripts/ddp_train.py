@@ -50,6 +50,7 @@ def main():
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--find-unused", action="store_true")
     p.add_argument("--save", default="")
+    p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -80,6 +81,8 @@ def main():
             if step == args.steps:
                 break
         epoch += 1
+    if args.save_each:
+        torch.save(model.state_dict(), f"{args.save_each}.rank{rank}")
     if rank == 0:
         ms = (time.perf_counter() - t_warm) * 1e3 / max(1, step - 5)
         print(f"done: {step} steps, loss {loss.item():.4f}, {ms:.3f} ms/step after the first 5")
