@@ -53,7 +53,9 @@ def test_doctor_names_a_slow_collate_in_each_framework(tmp_path, script):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", ["ddp_train.py", *FRAMEWORKS])
 def test_doctor_names_a_slow_rank_in_each_framework(tmp_path, script):
-    doc = _doctor(tmp_path, script, ["--slow-rank", "1"])
+    # A forward long enough that 3x of it stands above a shared 2-core machine's noise (width 512: 1.5 ms a step).
+    wide = [] if script == "hf_train.py" else ["--width", "1024"]
+    doc = _doctor(tmp_path, script, ["--slow-rank", "1", *wide])
     top = [c for c in doc["causes"] if c["significant"]]
     assert top and top[0]["name"] == "straggler" and "rank 1" in top[0]["evidence"]
 
