@@ -31,7 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "strategies": {"config", "distributed", "costs"},
     # The run's MFU reads the GPU catalogue (one table of peaks, shared).
     "train": {"config", "schema", "train_options", "distributed", "models", "data", "strategies", "reporting", "costs"},
-    "jobs": {"config", "schema", "train_options", "distributed", "reporting"},
+    "jobs": {"config", "schema", "train_options", "distributed", "reporting", "inject"},
+    # An unmodified script instrumented from outside: feeds train's instruments, writes train's summary.
+    "inject": {"config", "schema", "distributed", "train.instruments", "train.summary"},
     # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do.
     "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data"},
     "ps": {"config", "models", "data", "costs", "reporting", "jobs"},

@@ -26,7 +26,7 @@ from .distributed.cluster import unplaced
 from .signals import interrupt_on
 
 __all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill",
-           "check_train_args", "to_overrides"]
+           "check_train_args", "to_overrides", "instrumented"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
@@ -72,23 +72,25 @@ def to_overrides(args: list[str]) -> list[str]:
 
 
 def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``[lab options] -- [python] script.py args`` -> (lab options, the script's command for the launcher).
+    """``[lab options] -- <the user's command>`` -> (lab options, the script's command for the launcher).
 
-    ``python`` (any interpreter name) is optional and ``-m module`` is accepted, as torchrun takes them.
+    The command is one a user runs (``[python] train.py``, ``torchrun --nproc-per-node K train.py``, ``accelerate
+    launch --num_processes K train.py``, ``-m package.module`` as torchrun takes it): the lab owns the launch, so
+    the launcher and its process count are dropped and the script with its arguments kept.
     """
+    from .inject.command import parse_command
 
     if "--" not in argv:
         return argv, None
     i = argv.index("--")
-    lab, script = argv[:i], argv[i + 1:]
-    if script and Path(script[0]).name.startswith("python"):
-        script = script[1:]
-    if not script or (script[0] == "-m" and len(script) < 2):
-        raise ConfigError("--", " ".join(argv[i + 1:]) or "(nothing)", "a script after --: [python] my_train.py "
-                          "[args] or [python] -m package.module [args]")
-    if script[0] != "-m" and not Path(script[0]).is_file():
-        raise ConfigError("script", script[0], "no such file (give the path of your training script)")
-    return lab, script
+    return argv[:i], parse_command(argv[i + 1:]).script
+
+
+def instrumented(script: list[str] | None) -> bool:
+    """A script not on the run API: trainscale instruments its ranks from outside (``trainscale.inject``)."""
+    from .inject.command import uses_run_api
+
+    return script is not None and not uses_run_api(script)
 
 
 class RunFailed(RuntimeError):
@@ -133,7 +135,12 @@ class RunSpec:
     json_path: Path
     label: str = ""
     launcher: LauncherOptions = field(default_factory=LauncherOptions)
-    script: list[str] | None = None  # a user's script on the run API instead of trainscale train
+    script: list[str] | None = None  # a user's script (on the run API, or instrumented from outside) instead of train
+
+    @property
+    def injected(self) -> bool:
+        """A script not on the run API: trainscale instruments its ranks from outside (``trainscale.inject``)."""
+        return instrumented(self.script)
 
     @property
     def folder(self) -> Path:
@@ -149,13 +156,19 @@ class RunSpec:
         if not self.script:
             return {}
         switches = [*to_overrides(self.train_args()), "--log.progress", "none"]
-        return {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in switches),
-                "TRAINSCALE_JSON": str(self.json_path)}
+        env = {"TRAINSCALE_ARGS": " ".join(shlex.quote(a) for a in switches), "TRAINSCALE_JSON": str(self.json_path)}
+        if self.injected:
+            from .inject import ENABLE, pythonpath
+
+            env.update({ENABLE: "1", "PYTHONPATH": pythonpath(os.environ.get("PYTHONPATH", ""))})
+        return env
 
     def command(self) -> list[str]:
         """The exact command line run for this experiment."""
         if self.script:
             extra = self.launcher.argv() if self.launcher.multi_node else []
+            if self.injected:  # the same intra-op threads at 1 and N: torchrun would pin 1 at N only
+                extra += ["--threads", str(_threads(self.args))]
             return [sys.executable, "-m", "trainscale", "launch", "--nproc-per-node", str(self.nproc), *extra,
                     *self.script]
         train = ["train", *self.train_args(), "--json", str(self.json_path), "--log.progress", "none"]
@@ -171,6 +184,15 @@ class RunSpec:
         return (env + " " if env else "") + "trainscale " + " ".join(shlex.quote(c) for c in cmd[3:])
 
 
+def _threads(args: list[str]) -> int:
+    """The intra-op threads the options give (``--job.threads T``), else 0 (the launcher's default)."""
+    for i, a in enumerate(args):
+        key, eq, value = a.partition("=")
+        if key == "--job.threads":
+            return int(value if eq else args[i + 1])
+    return 0
+
+
 def _error_lines(text: str, keep: int = 6) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     errs = [ln for ln in lines if "Error" in ln or "error" in ln or "failed" in ln]
@@ -182,6 +204,7 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     """Run one training job; return its summary, or raise RunFailed with the job's own error."""
     spec.json_path.parent.mkdir(parents=True, exist_ok=True)
     spec.json_path.unlink(missing_ok=True)
+    spec.json_path.with_name(spec.json_path.name + ".why").unlink(missing_ok=True)
     # The lab is never itself a rank, nor a scheduler's task: each run is placed by its own launcher options.
     env = {**unplaced(os.environ), "TRAINSCALE_TABLE_PRINTED": "1", "PYTHONUNBUFFERED": "1", **spec.env()}
     if spec.launcher.multi_node and on_launch is not None:  # the other nodes of a lab launch their part of it
@@ -195,6 +218,9 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
     if rc != 0:
         raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
+    why = spec.json_path.with_name(spec.json_path.name + ".why")
+    if not spec.json_path.is_file() and why.is_file():  # an instrumented script says why it has no summary
+        raise RunFailed(spec, why.read_text().strip() + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
     from .schema import read_summary

@@ -23,14 +23,14 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ..config import Config, ConfigError, config_to_dict
-from ..jobs import LauncherOptions, RunFailed, RunSpec, check_train_args, run_train, split_script
+from ..jobs import LauncherOptions, RunFailed, RunSpec, check_train_args, instrumented, run_train, split_script
 from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import err_console
 from .bench_analysis import complete_points, make_point, run_record
 from .bench_plan import BenchPlan
 from .bench_report import print_result, write_plots, write_report
-from .common import machine_description, parse_nproc_list
+from .common import cores, machine_description, parse_nproc_list
 from .verdict import bench_verdict
 
 __all__ = ["main", "make_point", "complete_points"]
@@ -61,14 +61,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale bench``: check the options, run the sweep, analyse, write and print the report."""
+    given = argv[argv.index("--") + 1:] if "--" in argv else None
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     launcher = launcher_options(args)
     plan, cfg, forecast = _check(args, rest, nodes(launcher))
+    if instrumented(script) and not cfg.job.threads:  # an unported script: the same threads at 1 and N
+        rest = [*rest, "--job.threads", str(max(1, cores() // max(plan.nprocs)))]
     if launcher.node_rank > 0:  # node 0 runs the sweep and writes the report; this node takes part in its runs
         return follow(launcher, args.timeout)
     out = Path(args.out)
     doc = _new_doc(args, plan, cfg, rest, script, launcher)
+    doc["config"]["command_as_given"] = given  # the user's launcher and its settings; the lab owns the launch
     with leading(launcher):
         out.mkdir(parents=True, exist_ok=True)  # once the lab's store is up: a refused port leaves no folder
         _Sweep(plan, rest, script, launcher, args.timeout, out).run(doc, forecast)

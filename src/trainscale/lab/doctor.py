@@ -34,8 +34,9 @@ from .analysis import CONFIGS, analyse
 from .common import cores, machine_description
 from .doctor_plan import DoctorPlan, thread_candidates
 from .doctor_report import print_result, write_plots, write_report
-from .experiments import Lab
+from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
+from .setup_causes import setup_causes
 from .stats import job_step_time, median
 from .suggest import context_from_config
 from .verdict import adopt_verdict
@@ -106,6 +107,7 @@ def _apply(lab: Lab, res: dict[str, Any], runs: dict[tuple[str, int], list[dict[
 
 def main(argv: list[str]) -> int:
     """Entry of ``trainscale doctor``: check the options, run the plan, analyse, write and print the report."""
+    given = argv[argv.index("--") + 1:] if "--" in argv else None
     argv, script = split_script(argv)
     args, rest = _parser().parse_known_args(argv)
     launcher = launcher_options(args)
@@ -128,7 +130,7 @@ def main(argv: list[str]) -> int:
     doc: dict[str, Any] = {"causes": [], "scaling_loss_s": None, "runs": [], "error": None, "apply": None,
                            "machine": machine_description(), "config": {
                                "nproc": world, "nnodes": nodes(launcher), "repeat": args.repeat,
-                               "train_args": rest, "script": script,
+                               "train_args": rest, "script": script, "command_as_given": given,
                                "threads_per_process": threads, "budget_s": plan.budget, "train": config_to_dict(cfg)}}
     # FSDP gathers parameters in forward: no step runs without communication, so its exposed wait is measured
     # per step instead (analysis.measured_exchange).
@@ -154,6 +156,7 @@ def main(argv: list[str]) -> int:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
     doc["external"] = load.report()
+    doc["injected"] = _injected(doc, runs, lab.log, world)
     write_json(out / "doctor.json", doc)
     if doc.get("result"):
         write_plots(doc, lab.log, runs, out, world)
@@ -162,6 +165,19 @@ def main(argv: list[str]) -> int:
         print_result(doc)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _injected(doc: dict[str, Any], runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]],
+              world: int) -> dict[str, Any] | None:
+    """A script instrumented from outside: its framework, the experiments that ran, what its setup costs."""
+    note = injected_note(runs, log)
+    if note is None:
+        return None
+    base = runs.get(("base", world))
+    note["setup_causes"] = setup_causes(base[0], doc.get("step_time_n_s") or job_step_time(base[0])) if base else []
+    note["lines"] = [note["line"], *(f"setup: {c['name']}: {c['evidence']}\n   -> {c['advice']}"
+                                     for c in note["setup_causes"])]
+    return note
 
 
 def _refuse_fsdp_on_a_gpu() -> None:
@@ -218,7 +234,9 @@ def _second_level(lab: Lab, runs: dict[tuple[str, int], list[dict[str, Any]]], n
     """The sleep test, operator profiles at 1 and N, thread trials: which part of compute is slower at N."""
     w = lab.world(n, True)
     cands = thread_candidates(runs[("base", w)][0].get("threads") or 1, n, cores())
-    sleep_test = not runs[("base", w)][0].get("fsdp")  # the sleep test takes the exchange out: not under FSDP
+    # The sleep test takes the exchange out (not under FSDP) and replaces the model's operators (not on a script
+    # instrumented from outside, whose model trainscale did not build).
+    sleep_test = not runs[("base", w)][0].get("fsdp") and not runs[("base", w)][0].get("injected")
     lab.expect(2 * repeats * sleep_test + 2 + len(cands) * repeats)
     for r in range(repeats * sleep_test):
         # The sleep test: the N-process run sleeps the durations calibrated at 1 process, so an operator that is

@@ -278,6 +278,11 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
                         f"Machine: {doc['machine']}."))
     if doc.get("external"):
         blocks.append(("p", _external_text(doc["external"])))
+    if doc.get("injected"):  # a script instrumented from outside: which experiments ran, what its setup costs
+        blocks += [("h2", "Your script as it is"), ("p", doc["injected"]["line"])]
+        if doc["injected"].get("setup_causes"):
+            blocks.append(("table", ["setting", "evidence", "change"],
+                           [[c["name"], c["evidence"], c["advice"]] for c in doc["injected"]["setup_causes"]]))
     if res:
         blocks += _result_blocks(res)
     if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
@@ -322,3 +327,5 @@ def print_result(doc: dict[str, Any]) -> None:
         console.print(f"what-if {row[0]} ({row[1]}): {row[2]}, {row[3]}", markup=False, highlight=False)
     if doc.get("apply"):
         console.print(f"applied: {doc['apply']['text']}", highlight=False)
+    for line in (doc.get("injected") or {}).get("lines", []):  # a script as it is: what ran, what its setup costs
+        console.print(line, markup=False, highlight=False)

@@ -15,12 +15,33 @@ from ..jobs import LauncherOptions, RunSpec, run_train
 from ..nodes import nodes
 from .stats import job_step_time
 
-__all__ = ["Lab", "phase_parts"]
+__all__ = ["Lab", "phase_parts", "injected_note"]
 
 
 def phase_parts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A phased run's summary as one summary per phase (the run's fields with that phase's timings)."""
     return {ph: {**summary, **v} for ph, v in summary["phases"].items()}
+
+
+def injected_note(runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """For a script instrumented from outside: its framework, what was measured, and which experiments ran
+    (``log``: the lab's log of runs, whose ``experiment`` names a phase or a second-level run)."""
+    seen = [s for parts in runs.values() for s in parts if s.get("injected")]
+    if not seen:
+        return None
+    inj = seen[0]["injected"]
+    unrun = {k: v for s in seen for k, v in (s["injected"].get("experiments_not_run") or {}).items()}
+    unrun.setdefault("sleep", "the sleep test replaces the model's operators: not run on a script trainscale did "
+                              "not build")
+    ran = sorted({e["experiment"].split(" (")[0] for e in log} - set(unrun))
+    unmeasured = {k: v for k, v in inj["measurements"].items() if not v.startswith("measured")}
+    fw = inj["framework"]
+    line = (f"Your script as it is ({fw['name']} {fw.get('version') or ''}): experiments run: {', '.join(ran)}"
+            + "".join(f"; {k} not run: {v}" for k, v in unrun.items())
+            + "".join(f"; {k} {v}" for k, v in unmeasured.items()))
+    return {"framework": fw, "ddp": inj.get("ddp"), "experiments_run": ran, "experiments_not_run": unrun,
+            "not_measured": unmeasured, "line": line}
 
 
 class Lab:

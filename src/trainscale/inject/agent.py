@@ -1,0 +1,303 @@
+"""The agent inside each rank of an unmodified script: the step boundary, data wait, backward and DDP, fed to
+trainscale's own instruments; the paired experiments switched at the step boundaries; the summary at the end.
+
+``activate`` runs once the script has imported torch (``site/sitecustomize.py``). The switches come as the run
+API's do (``TRAINSCALE_ARGS``: ``--ablate.phases``, ``--job.steps``...; ``TRAINSCALE_JSON``: where the summary
+goes). Every rank ends its process once ``job.steps`` steps are timed (300 unless the lab gives a number: the lab's
+runs need a known length, whatever the script's own) and the summary is written; a script that ends sooner has
+its summary written when it exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import load_config, parse_override_args
+from ..train.instruments import Instruments, StepMode, start_accounting
+from .finish import finish_run
+from .frameworks import framework_on_stack
+from .hooks import install
+
+__all__ = ["activate", "Agent", "GradMeter"]
+
+_agent: Agent | None = None
+
+
+def activate() -> None:
+    """Build this rank's agent from the environment and install the hooks (once)."""
+    global _agent
+    if _agent is not None:
+        return
+    given = parse_override_args(shlex.split(os.environ.get("TRAINSCALE_ARGS", "")))
+    cfg = load_config(extra=given)
+    unrun = {}
+    if cfg.ablate.compute == "sleep":  # needs the model's leaf modules replaced: not done from outside
+        unrun["sleep"] = "the sleep test replaces the model's operators: not run on a script trainscale did not build"
+        cfg.ablate.compute = "none"
+    _agent = Agent(cfg, int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
+                   os.environ.get("TRAINSCALE_JSON", ""))
+    _agent.status.update(install(_agent))
+    _agent.phases_unrun.update(unrun)
+    atexit.register(_agent.finish)  # the script's end; a run given job.steps ends at its last step instead
+
+
+class GradMeter:
+    """When this rank's backward graph was done and how long backward then waited (DDP's exchange, on CPU).
+
+    The interface the per-rank accounting reads (``hooked``, ``last_gradient_s``, ``waits``): the arrival at the
+    exchange is the end of the graph, which DDP's reducer waits on after (its callback is queued later).
+    """
+
+    __slots__ = ("hooked", "last_gradient_s", "waits", "blocked_is_exposed", "_engine")
+
+    def __init__(self, cpu: bool):
+        self.hooked, self.last_gradient_s, self.blocked_is_exposed = cpu, 0.0, False
+        self.waits: list[float] = []
+        self._engine = torch.autograd.Variable._execution_engine
+
+    def watch(self, loss: torch.Tensor) -> None:
+        loss.register_hook(self._started)
+
+    def _started(self, grad: torch.Tensor) -> None:
+        self._engine.queue_callback(self._graph_done)
+
+    def _graph_done(self) -> None:
+        self.last_gradient_s = time.perf_counter()
+
+    def backward_done(self) -> None:
+        if self.hooked and self.last_gradient_s:
+            self.waits.append(max(0.0, time.perf_counter() - self.last_gradient_s))
+
+
+class Agent:
+    """One rank's view of the script's run; the hooks call its methods, which stay O(1) per call."""
+
+    def __init__(self, cfg: Any, rank: int, world: int, json_path: str):
+        self.cfg, self.rank, self.world, self.json_path = cfg, rank, world, json_path
+        self.stop_at = cfg.job.steps  # the lab's run length (300 unless it gives one), or the script's end if sooner
+        self.status: dict[str, str] = {}
+        self.posts = self.boundaries = 0
+        self.ins: Instruments | None = None
+        self.meter: GradMeter | None = None
+        self.mode = StepMode()
+        self.ddps: list[Any] = []
+        self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
+        self.fixed: Any = None
+        self.depth = 0
+        self.samples: list[int] = []
+        self.step_samples = self.micro = 0
+        self.micro_counts: list[int] = []
+        self.sync_forwards = 0  # forwards whose backward exchanges, this iteration
+        self.sync_counts: list[int] = []  # the same, per iteration
+        self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
+        self.workers: int | None = None  # the first loader's worker processes
+        self.loss_first: Any = None
+        self.loss_last: Any = None
+        self._seen: list[int] = []
+        self._closing: int | None = None
+        self.t_start, self.finished = time.perf_counter(), False
+        self.store: Any = None
+        self.backend = "gloo"
+        self.phases_unrun: dict[str, str] = {}
+        self.framework: dict[str, Any] = {}
+
+    # ---- the step boundary
+    def optimizer_pre(self, opt: Any) -> None:
+        if self.ins is not None:
+            self.ins.step_called()
+
+    def optimizer_post(self, opt: Any) -> None:
+        """An optimizer stepped: the iteration ends when the last of the script's optimizers has (learned on the
+        first repeat of one: two optimizers make one iteration; a wrapper and its inner optimizer likewise)."""
+        self.posts += 1
+        key = id(opt)
+        if self._closing is None and key not in self._seen:
+            self.optimizers.append(opt)
+        if self._closing is None:
+            if key not in self._seen:
+                if not self._seen:
+                    self.framework = framework_on_stack()
+                self._seen.append(key)
+                return
+            self._closing = self._seen[-1]
+            self.boundary()  # the first iteration, closed late: it is warm-up
+        if key == self._closing:
+            self.boundary()
+
+    def boundary(self) -> None:
+        """One iteration ended: time it, switch the next one's experiment, stop when the run has its steps."""
+        self.boundaries += 1
+        self.micro_counts.append(self.micro)
+        self.sync_counts.append(self.sync_forwards)
+        self.sync_forwards = 0
+        self.samples.append(self.step_samples)
+        self.step_samples = self.micro = 0
+        if self.ins is None:
+            self._start()
+            return
+        done = self.boundaries - 1
+        self.ins.step_done(done, self.mode)
+        if self.stop_at and done >= self.stop_at:
+            self.finish()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        self._switch(self.ins.mode(done))
+        self.ins.forward_starts()
+
+    def _start(self) -> None:
+        """After the first iteration: the device, the store, the accounting and the instruments."""
+        from .finish import backend_now, connect_store
+
+        device = self._device()
+        self.backend = backend_now(device)
+        self.store = connect_store()
+        self.meter = GradMeter(device.type == "cpu")
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        acct = None
+        if self.cfg.log.accounting and self.store is not None:
+            acct = start_accounting(self.rank, self.world, self.store, self.meter, device.type, attempt)
+        out = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
+        self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), out, acct)
+        self.ins.loop_starts(time.perf_counter())
+        self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
+        self._switch(self.ins.mode(0))
+        self.ins.forward_starts()
+
+    def _device(self) -> torch.device:
+        for ddp in self.ddps:
+            for p in ddp.parameters():
+                return p.device
+        return torch.device("cpu")
+
+    # ---- the experiments
+    def _note_unrun(self, phases: list[str]) -> None:
+        """The phases asked for that cannot remove what they should: they run as ``base`` and are named here."""
+        reached = {k: v.startswith("measured") for k, v in self.status.items()}
+        if "no_data" in phases and not reached.get("data_wait"):
+            self.phases_unrun["no_data"] = f"the loader could not be reached ({self.status.get('data_wait')})"
+        if "no_comm" in phases and not reached.get("ddp"):
+            self.phases_unrun["no_comm"] = f"DDP could not be reached ({self.status.get('ddp')})"
+        elif "no_comm" in phases and self.world > 1 and not self.ddps:
+            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "
+                                            "exchange): its no_comm phase kept the exchange")
+
+    def _switch(self, new: StepMode) -> None:
+        """Into or out of ``no_comm``: DDP's own switch, and rank 0's weights broadcast when the phase ends."""
+        old, self.mode = self.mode, new
+        if new.no_comm == old.no_comm:
+            return
+        for ddp in self.ddps:
+            ddp.require_backward_grad_sync = not new.no_comm
+            if old.no_comm:
+                _broadcast_weights(ddp)
+        if old.no_comm and self.ddps:  # momentum and moments drifted too: else the replicas part again next step
+            for opt in self.optimizers:
+                _broadcast_state(opt, self.ddps[0].process_group)
+
+    def ddp_forward(self, ddp: Any) -> None:
+        if self.mode.no_comm:
+            ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
+        elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
+            self.sync_forwards += 1
+
+    def graph_walk(self, seconds: float) -> None:
+        self.walk_s += seconds
+
+    def ddp_created(self, ddp: Any) -> None:
+        self.ddps.append(ddp)
+
+    # ---- data and backward
+    def next_batch(self, fetch: Any, it: Any) -> Any:
+        """The loop takes a batch: its wait is data wait; under ``no_data`` one batch is replayed."""
+        if self.depth:
+            return fetch(it)
+        if self.workers is None:
+            self.workers = int(getattr(it, "_num_workers", 0) or 0)
+        if self.mode.no_data and self.fixed is not None:
+            batch = self.fixed
+        else:
+            t = time.perf_counter()
+            self.depth += 1
+            try:
+                batch = fetch(it)
+            finally:
+                self.depth -= 1
+            if self.ins is not None:
+                self.ins.data_wait(time.perf_counter() - t)
+            if self.mode.no_data:
+                self.fixed = batch
+        self.step_samples += _batch_size(batch)
+        if self.ins is not None:
+            self.ins.forward_starts()
+        return batch
+
+    def backward(self, original: Any, tensors: Any, args: tuple, kwargs: dict) -> Any:
+        """``torch.autograd.backward``: the compute clock's end of graph, the exchange's wait, the loss."""
+        loss = tensors if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1 \
+            else None
+        if loss is not None:
+            self.micro += 1
+            if self.ins is not None and self.meter is not None:
+                self.ins.watch(loss)
+                self.meter.watch(loss)
+            kept = loss.detach()
+            self.loss_first = kept if self.loss_first is None else self.loss_first
+            self.loss_last = kept
+        out = original(tensors, *args, **kwargs)
+        if loss is not None and self.meter is not None and self.ins is not None:
+            self.meter.backward_done()
+            self.ins.forward_starts()
+        return out
+
+    # ---- the end
+    def finish(self) -> None:
+        """Every rank's figures to rank 0 through the launcher's store; rank 0 writes the summary (once)."""
+        if self.finished:
+            return
+        self.finished = True
+        finish_run(self)
+
+
+def _broadcast_weights(ddp: Any) -> None:
+    """Rank 0's parameters and buffers to every replica (collective over the DDP's group)."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for t in [*ddp.module.parameters(), *ddp.module.buffers()]:
+            dist.broadcast(t.data, 0, group=ddp.process_group)
+
+
+def _broadcast_state(opt: Any, group: Any) -> None:
+    """Rank 0's optimizer state (momentum, moments, step counts) to every replica, in parameter order."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for pg in opt.param_groups:
+            for p in pg["params"]:
+                state = opt.state.get(p, {})
+                for key in sorted(state):
+                    if isinstance(state[key], torch.Tensor):
+                        dist.broadcast(state[key], 0, group=group)
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor (a tensor, a sequence or a mapping of them)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    values = getattr(batch, "values", None)  # a BatchEncoding and other mappings
+    if callable(values):
+        return _batch_size(list(values()))
+    return 1

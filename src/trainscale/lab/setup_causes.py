@@ -1,0 +1,74 @@
+"""Configuration causes of a script instrumented from outside: what its setup costs, measured where it can be.
+
+Pure code over one run summary's ``injected`` facts (counted on rank 0 by ``trainscale.inject``): DDP's
+``find_unused_parameters`` (its graph walk after every forward, timed), gradient accumulation that exchanges on
+every micro-batch (forwards whose backward all-reduces, counted per optimizer step), and more compute threads
+than cores (intra-op threads and loader workers per process). Each is a row with its measured seconds per step
+(None where it cannot be measured, and the row says why) and the change in the framework's own terms.
+
+Example::
+
+    rows = setup_causes(summary_at_n, step_time_n_s=0.012)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["setup_causes"]
+
+# Where each framework takes the setting (the driver's name, as ``trainscale.inject.frameworks`` reports it).
+_UNUSED_OFF = {"Hugging Face Trainer": "TrainingArguments(ddp_find_unused_parameters=False)",
+               "Lightning Trainer": 'Trainer(strategy="ddp") (not "ddp_find_unused_parameters_true")',
+               "Lightning Fabric": 'Fabric(strategy="ddp") (not DDPStrategy(find_unused_parameters=True))',
+               "accelerate": "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters="
+                             "False)])"}
+_NO_SYNC = {"accelerate": "with accelerator.accumulate(model): ... (Accelerator(gradient_accumulation_steps=K))",
+            "Lightning Trainer": "Trainer(accumulate_grad_batches=K) instead of stepping by hand",
+            "Lightning Fabric": "with fabric.no_backward_sync(model, enabled=not last): ...",
+            "Hugging Face Trainer": "TrainingArguments(gradient_accumulation_steps=K)"}
+
+
+def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str, Any]]:
+    """The configuration causes of the N-process run ``summary`` (empty for a run on the run API)."""
+    inj = summary.get("injected") or {}
+    setup, ddp, fw = inj.get("setup") or {}, inj.get("ddp") or [], (inj.get("framework") or {}).get("name", "")
+    rows = []
+    if ddp and ddp[0].get("find_unused_parameters"):
+        rows.append(_find_unused(ddp[0], setup, fw, step_time_n_s))
+    micro, exchanges = setup.get("micro_batches_per_step") or 1, setup.get("exchanges_per_step") or 0
+    if ddp and micro > 1 and exchanges >= micro:
+        rows.append({"name": "exchange_every_micro_batch", "seconds_per_step": None,
+                     "evidence": f"{exchanges} of {micro} micro-batches per optimizer step all-reduce their gradients "
+                                 "(only the last one needs to)",
+                     "advice": "skip the exchange on all but the last micro-batch: "
+                               + _NO_SYNC.get(fw, "with model.no_sync(): for every micro-batch but the last")})
+    threads, workers = setup.get("threads") or 1, setup.get("loader_workers") or 0
+    procs, cores = setup.get("processes_per_node") or 1, setup.get("cores") or 1
+    if procs * (threads + workers) > cores:
+        rows.append({"name": "threads", "seconds_per_step": None,
+                     "evidence": f"{procs} processes x ({threads} intra-op threads + {workers} loader workers) = "
+                                 f"{procs * (threads + workers)} busy threads on {cores} cores",
+                     "advice": f"give each process at most {max(1, cores // procs)} threads in all: OMP_NUM_THREADS="
+                               f"{max(1, cores // procs - workers)}, DataLoader(num_workers=...) within the rest"})
+    return rows
+
+
+def _find_unused(ddp: dict[str, Any], setup: dict[str, Any], fw: str, step_s: float) -> dict[str, Any]:
+    logged = ddp.get("logging_data")
+    data: dict[str, Any] = logged if isinstance(logged, dict) else {}
+    unused = data.get("unused_parameter_size")
+    raw = setup.get("find_unused_walk_s_per_step")
+    walk = float(raw) if isinstance(raw, (int, float)) else math.nan
+    measured = math.isfinite(walk)
+    size = (f"DDP's walk of the autograd graph after each forward took {walk * 1e3:.3f} ms per step "
+            f"({walk / step_s:.1%} of the step)" if measured and step_s > 0 else
+            "its walk of the autograd graph could not be timed (no DDP._post_forward in this PyTorch)")
+    found = ("; DDP found no unused parameter (unused_parameter_size 0)" if unused == 0 else
+             f"; {unused} bytes of parameters went unused" if unused else "")
+    change = _UNUSED_OFF.get(fw, "DistributedDataParallel(model, find_unused_parameters=False)")
+    return {"name": "find_unused_parameters", "seconds_per_step": walk if measured else None,
+            "evidence": f"find_unused_parameters=True: {size}{found}",
+            "advice": f"turn it off where every parameter gets a gradient each step: {change}" if unused == 0 or
+                      unused is None else "keep it: some parameters get no gradient in a step"}

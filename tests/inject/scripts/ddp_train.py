@@ -1,0 +1,95 @@
+"""A plain DDP training script, as a user writes it after PyTorch's DDP tutorial (run it under torchrun).
+
+No trainscale import: the doctor reaches it from outside. The switches after ``--steps`` plant faults for
+trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms a batch, no workers),
+``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step).
+
+    torchrun --nproc-per-node 2 ddp_train.py --steps 40
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data.dataloader import default_collate
+
+
+class ToyModel(nn.Module):
+    def __init__(self, width, slow=1.0):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                                 nn.Linear(width, 10))
+        self.slow = slow
+
+    def forward(self, x):
+        t = time.perf_counter()
+        out = self.net(x)
+        if self.slow > 1:
+            time.sleep((time.perf_counter() - t) * (self.slow - 1))
+        return out
+
+
+def slow_collate(ms):
+    def collate(samples):
+        time.sleep(ms / 1000)
+        return default_collate(samples)
+    return collate
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--slow-collate-ms", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--find-unused", action="store_true")
+    p.add_argument("--save", default="")
+    p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = ToyModel(args.width, 3.0 if rank == args.slow_rank else 1.0)
+    ddp_model = DDP(model, find_unused_parameters=args.find_unused)
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(4096, 64, generator=g), torch.randint(0, 10, (4096,), generator=g))
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    collate = slow_collate(args.slow_collate_ms) if args.slow_collate_ms else None
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
+
+    step, epoch, t_warm = 0, 0, 0.0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(ddp_model(x), y)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step == 5:
+                t_warm = time.perf_counter()
+            if step == args.steps:
+                break
+        epoch += 1
+    if args.save_each:
+        torch.save(model.state_dict(), f"{args.save_each}.rank{rank}")
+    if rank == 0:
+        ms = (time.perf_counter() - t_warm) * 1e3 / max(1, step - 5)
+        print(f"done: {step} steps, loss {loss.item():.4f}, {ms:.3f} ms/step after the first 5")
+        if args.save:
+            torch.save(model.state_dict(), args.save)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""A Hugging Face ``Trainer`` script on a tiny GPT-2 built from its config (no download; run it under torchrun).
+
+No trainscale import. Fault switches for trainscale's tests: ``--slow-collate-ms 20`` (a Python collate,
+no workers), ``--slow-rank 1`` (that rank's forward 3x slower).
+
+    HF_HUB_OFFLINE=1 torchrun --nproc-per-node 2 hf_train.py --steps 40
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n, length, vocab):
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--slow-collate-ms", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+    model = GPT2LMHeadModel(config)
+    if int(os.environ.get("RANK", "0")) == args.slow_rank:
+        forward = model.forward
+
+        def slow_forward(*a, **kw):
+            t = time.perf_counter()
+            out = forward(*a, **kw)
+            time.sleep((time.perf_counter() - t) * 2)
+            return out
+        model.forward = slow_forward
+
+    def collate(samples):
+        time.sleep(args.slow_collate_ms / 1000)
+        return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+
+    out = tempfile.mkdtemp(prefix="hf_train_")
+    training = TrainingArguments(output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+                                 learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+                                 logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(2048, 32, 256), data_collator=collate)
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""A plain DDP script, unmodified, under trainscale: same weights as without it, and the doctor names its fault."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from inject_helpers import SCRIPTS, injected, torchrun
+
+from clitools import read_json, run_cli
+from trainscale.jobs import RunFailed
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.timeout(240)
+def test_instrumented_run_keeps_the_weights_bit_for_bit(tmp_path):
+    ref, ins = tmp_path / "ref.pt", tmp_path / "ins.pt"
+    plain = torchrun("ddp_train.py", ["--steps", "12", "--width", "64", "--save", str(ref)])
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    summary = injected("ddp_train.py", ["--steps", "12", "--width", "64", "--save", str(ins)], tmp_path)
+    a, b = torch.load(ref), torch.load(ins)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the summary is the run API's: the lab reads it as it reads any run's
+    read_json(tmp_path / "ddp_train_n2.json")
+    assert summary["world_size"] == 2 and summary["steps"] == 12 and summary["measured_steps"] > 0
+    assert summary["injected"]["framework"]["name"] == "PyTorch"
+    assert summary["injected"]["measurements"]["step"] == "measured"
+    assert summary["injected"]["ddp"][0]["find_unused_parameters"] is False
+
+
+@pytest.mark.timeout(400)
+def test_doctor_names_a_slow_collate_as_input(tmp_path):
+    out = tmp_path / "doc"
+    r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--quick", "--cycles", "4", "--phase-steps", "6",
+                 "--out", str(out), "--", "torchrun", "--nproc-per-node", "2", str(SCRIPTS / "ddp_train.py"),
+                 "--slow-collate-ms", "20", "--steps", "100000"], timeout=380)
+    assert r.rc == 0, r.err[-3000:]
+    doc = read_json(out / "doctor.json")
+    assert doc["bottleneck"]["name"] == "input"
+    summaries = [read_json(p) for p in (out / "runs").glob("*.json")]
+    assert summaries and all(s["injected"]["framework"]["name"] == "PyTorch" for s in summaries)
+
+
+@pytest.mark.timeout(120)
+def test_bad_commands_are_one_line(tmp_path):
+    for cmd in (["ls", "-l"], ["bash", "train.sh"], ["torchrun", "--nproc-per-node", "x", "t.py"]):
+        r = run_cli(["doctor", "--nproc", "2", "--out", str(tmp_path / "d"), "--", *cmd], timeout=60)
+        assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, (cmd, r.err)
+    assert not (tmp_path / "d").exists()
+
+
+NEVER_STEPS = """
+import torch
+model = torch.nn.Linear(4, 4)
+print(model(torch.randn(2, 4)).sum().item())
+"""
+
+CRASH = """
+import torch
+raise RuntimeError("the user's own bug at start")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_script_without_steps_or_that_crashes_is_named(tmp_path):
+    (tmp_path / "never.py").write_text(NEVER_STEPS)
+    (tmp_path / "crash.py").write_text(CRASH)
+    never = run_cli(["bench", "--nproc", "1", "--repeat", "1", "--out", str(tmp_path / "b"), "--", "python",
+                     str(tmp_path / "never.py")], timeout=120)
+    assert never.rc == 1 and "never stepped an optimizer" in " ".join(never.err.split())
+    crash = run_cli(["bench", "--nproc", "1", "--repeat", "1", "--out", str(tmp_path / "c"), "--", "python",
+                     str(tmp_path / "crash.py")], timeout=120)
+    assert crash.rc == 1 and "the user's own bug at start" in crash.err
+
+
+@pytest.mark.timeout(240)
+def test_a_hook_that_cannot_be_reached_is_reported_never_fatal(tmp_path, monkeypatch):
+    phased = ["--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "3", "--steps", "12"]
+    monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "ddp,data_wait")  # as on a PyTorch without those hooks
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64"], tmp_path, switches=phased)
+    m = s["injected"]["measurements"]
+    assert m["step"] == "measured" and m["ddp"].startswith("not measured") and m["data_wait"].startswith("not")
+    assert set(s["injected"]["experiments_not_run"]) == {"no_data", "no_comm"}
+    monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "step")  # nothing to time: the run ends, observed only, and says so
+    with pytest.raises(RunFailed, match="observed only"):
+        injected("ddp_train.py", ["--steps", "8", "--width", "64"], tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
+    # Blocks of 4 steps after 3 of warm-up: base, no_comm (replicas drift: each rank sees its own data), base.
+    phased = ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"]
+    each = tmp_path / "w"
+    s = injected("ddp_train.py", ["--steps", "13", "--width", "64", "--save-each", str(each)], tmp_path,
+                 switches=phased)
+    assert s["phases"]["no_comm"]["measured_steps"] > 0
+    a, b = torch.load(f"{each}.rank0"), torch.load(f"{each}.rank1")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # rank 0's weights broadcast when no_comm ended

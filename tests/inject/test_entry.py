@@ -1,0 +1,83 @@
+"""How trainscale gets into a script: the user's command read, and the sitecustomize that acts only when asked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainscale.errors import ConfigError
+from trainscale.inject import pythonpath
+from trainscale.inject.command import parse_command, uses_run_api
+
+
+def test_commands_as_users_run_them(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    cases = {
+        ("python", "-u", str(script), "--lr", "1"): ("python", None, [str(script), "--lr", "1"], []),
+        ("torchrun", "--standalone", "--nproc-per-node", "4", str(script)): ("torchrun", 4, [str(script)],
+                                                                               ["--standalone"]),
+        ("python3", "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)): ("torchrun", 2, [str(script)],
+                                                                                          []),
+        ("accelerate", "launch", "--num_processes", "2", "--mixed_precision", "no", str(script)):
+            ("accelerate", 2, [str(script)], ["--mixed_precision", "no"]),
+        ("torchrun", "--nproc-per-node", "2", "-m", "pkg.train", "--a"): ("torchrun", 2, ["-m", "pkg.train", "--a"],
+                                                                           []),
+    }
+    for argv, (launcher, nproc, rest, options) in cases.items():
+        cmd = parse_command(list(argv))
+        assert (cmd.launcher, cmd.nproc, cmd.script, cmd.options) == (launcher, nproc, rest, options), argv
+    assert not uses_run_api([str(script)])
+    (tmp_path / "ported.py").write_text("import torch\nimport trainscale\n")
+    assert uses_run_api([str(tmp_path / "ported.py")])
+
+
+@pytest.mark.parametrize("argv", [["ls", "-l"], ["bash", "run.sh"], [], ["python"],
+                                  ["torchrun", "--nproc-per-node", "0", "t.py"], ["torchrun", "--nproc-per-node"]])
+def test_what_is_not_a_python_training_run_is_one_line(argv):
+    with pytest.raises(ConfigError) as e:
+        parse_command(argv)
+    assert "\n" not in str(e.value)
+
+
+CHILD = """
+import multiprocessing as mp, sys
+import torch
+import trainscale.inject.agent as a
+
+def child(q):
+    import trainscale.inject.agent as b
+    q.put(b._agent is not None)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print("main", a._agent is not None, "child", q.get())
+    p.join()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sitecustomize_chains_and_acts_only_in_a_rank_main_process(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    (tmp_path / "job.py").write_text(CHILD)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_") and k != "RANK"}
+    base["PYTHONPATH"] = pythonpath(str(theirs))
+    probe = "import os, torch, trainscale.inject.agent as a; print(os.environ.get('THEIRS_RAN'), a._agent is not None)"
+
+    def run(env: dict[str, str], *args: str) -> str:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=100,
+                              cwd=tmp_path).stdout.strip()
+
+    assert run(base, "-c", probe) == "1 False"  # not asked: the user's own sitecustomize still runs
+    assert run({**base, "TRAINSCALE_INJECT": "1"}, "-c", probe) == "1 False"  # not a rank
+    asked = {**base, "TRAINSCALE_INJECT": "1", "RANK": "0", "WORLD_SIZE": "1"}
+    assert run(asked, "-c", probe) == "1 True"
+    assert run(asked, "job.py") == "main True child False"  # a spawned worker is never instrumented
