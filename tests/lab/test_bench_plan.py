@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainscale.config import ConfigError
-from trainscale.lab.bench_plan import BenchPlan
+from trainscale.lab.plans import BenchPlan
 
 
 def test_weak_scaling_keeps_the_users_options():

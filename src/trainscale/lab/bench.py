@@ -28,9 +28,9 @@ from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import err_console
 from .bench_analysis import complete_points, make_point, run_record
-from .bench_plan import BenchPlan
 from .bench_report import print_result, write_plots, write_report
 from .common import cores, machine_description, parse_nproc_list
+from .plans import BenchPlan
 from .verdict import bench_verdict
 
 __all__ = ["main", "make_point", "complete_points"]

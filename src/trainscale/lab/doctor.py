@@ -32,10 +32,10 @@ from ..reporting.console import console, err_console
 from ..schema import PHASES
 from .analysis import CONFIGS, analyse
 from .common import cores, machine_description
-from .doctor_plan import DoctorPlan, thread_candidates
 from .doctor_report import print_result, write_plots, write_report
 from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
+from .plans import DoctorPlan, thread_candidates
 from .setup_causes import setup_causes
 from .stats import job_step_time, median
 from .suggest import context_from_config
