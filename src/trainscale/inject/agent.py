@@ -99,6 +99,7 @@ class Agent:
         self.sync_counts: list[int] = []  # the same, per iteration
         self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
         self.workers: int | None = None  # the first loader's worker processes
+        self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
         self.loss_first: Any = None
         self.loss_last: Any = None
         self._seen: list[int] = []
@@ -259,6 +260,15 @@ class Agent:
         return out
 
     # ---- the end
+    def refuse(self, why: str) -> None:
+        """The script cannot be run as trainscale launches it: rank 0 leaves ``why`` for the lab, every rank ends."""
+        if self.rank == 0 and self.json_path:
+            Path(self.json_path + ".why").write_text(why + "\n")
+        sys.stderr.write(f"trainscale: {why}\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the lab reads the reason left beside the summary; nothing half-run goes on
+
     def finish(self) -> None:
         """Every rank's figures to rank 0 through the launcher's store; rank 0 writes the summary (once)."""
         if self.finished:
