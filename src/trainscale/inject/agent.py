@@ -25,6 +25,7 @@ from ..train.instruments import Instruments, StepMode, start_accounting
 from .finish import finish_run
 from .frameworks import framework_on_stack
 from .hooks import install
+from .syncs import SyncCounter
 
 __all__ = ["activate", "Agent", "GradMeter"]
 
@@ -99,6 +100,8 @@ class Agent:
         self.sync_counts: list[int] = []  # the same, per iteration
         self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
         self.workers: int | None = None  # the first loader's worker processes
+        self.syncs = SyncCounter()
+        self.sync_steps: list[int] = []  # host syncs per iteration (on a GPU)
         self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
         self.loss_first: Any = None
         self.loss_last: Any = None
@@ -139,6 +142,7 @@ class Agent:
         self.micro_counts.append(self.micro)
         self.sync_counts.append(self.sync_forwards)
         self.sync_forwards = 0
+        self.sync_steps.append(self.syncs.take())
         self.samples.append(self.step_samples)
         self.step_samples = self.micro = 0
         if self.ins is None:
@@ -162,6 +166,7 @@ class Agent:
         self.backend = backend_now(device)
         self.store = connect_store()
         self.meter = GradMeter(device.type == "cpu")
+        self.status["host_syncs"] = self.syncs.start(torch, device.type)
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         acct = None
         if self.cfg.log.accounting and self.store is not None:
