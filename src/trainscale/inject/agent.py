@@ -109,6 +109,7 @@ class Agent:
         self._closing: int | None = None
         self.t_start, self.finished = time.perf_counter(), False
         self.store: Any = None
+        self.out_dir = Path(".")  # the run's folder (its timeline goes there)
         self.backend = "gloo"
         self.phases_unrun: dict[str, str] = {}
         self.framework: dict[str, Any] = {}
@@ -171,8 +172,8 @@ class Agent:
         acct = None
         if self.cfg.log.accounting and self.store is not None:
             acct = start_accounting(self.rank, self.world, self.store, self.meter, device.type, attempt)
-        out = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
-        self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), out, acct)
+        self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
+        self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
         self.ins.loop_starts(time.perf_counter())
         self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))

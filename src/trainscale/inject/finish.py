@@ -77,7 +77,7 @@ def finish_run(agent: Any) -> None:
         if not agent.status.get("backward", "").startswith("measured"):
             _compute_not_measured(summary)
         if ins.timeline is not None:
-            path = ins.out_dir / "timeline.json"
+            path = agent.out_dir / "timeline.json"
             write_trace(path, [r["timeline"] for r in per_rank], {"world_size": agent.world, "backend": agent.backend,
                                                                   "started_at": summary["started_at"]})
             summary["timeline"] = str(path)
