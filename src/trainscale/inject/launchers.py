@@ -62,8 +62,8 @@ def lightning_devices(module: Any, cls_name: str, agent: Any) -> None:
         given = kwargs.get("devices", "auto")
         if _count(given) != want:
             kwargs["devices"] = given[:want] if isinstance(given, list) and len(given) >= want else want
-            agent.status["devices"] = (f"the script set devices={given!r}: run with devices={kwargs['devices']!r} at "
-                                       f"{want} process(es) per node (trainscale sets the process count)")
+            agent.status["devices"] = (f"set by trainscale: the script's devices={given!r} ran as "
+                                       f"devices={kwargs['devices']!r}, {want} process(es) per node as launched")
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__
