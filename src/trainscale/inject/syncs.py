@@ -33,11 +33,15 @@ class SyncCounter:
             return NOT_ON_CPU if device_type == "cpu" else f"not measured on {device_type}"
         if not hasattr(torch.cuda, "set_sync_debug_mode"):
             return "not measured: no torch.cuda.set_sync_debug_mode in this PyTorch"
+        self.listen()
+        torch.cuda.set_sync_debug_mode("warn")
+        return "measured"
+
+    def listen(self) -> None:
+        """Take every sync warning (each one, not once per call site) off stderr into the count."""
         warnings.filterwarnings("always", message=f".*{_MESSAGE}")
         self._show = warnings.showwarning
         warnings.showwarning = self._seen
-        torch.cuda.set_sync_debug_mode("warn")
-        return "measured"
 
     def _seen(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
               line: Any = None) -> None:
