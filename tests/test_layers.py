@@ -18,7 +18,7 @@ BASE = {"about", "errors", "config_io", "log", "signals", "__version__"}
 ALLOWED: dict[str, set[str]] = {
     "about": set(), "errors": set(), "config_io": set(), "log": set(), "signals": set(),
     # The run summary's contract: its schema, the names code addresses in it (phases, spans, step-row columns), reader.
-    "schema": set(),
+    "schema": {"reporting"},  # the writer's atomic file
     "config": {"schema"},  # ablate.phases is checked against the contract's phases
     "train_options": {"config"},  # the options of `trainscale train`, below jobs, which checks a job's with them
     "reporting": set(),
@@ -32,8 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     # The run's MFU reads the GPU catalogue (one table of peaks, shared).
     "train": {"config", "schema", "train_options", "distributed", "models", "data", "strategies", "reporting", "costs"},
     "jobs": {"config", "schema", "train_options", "distributed", "reporting", "inject"},
-    # An unmodified script instrumented from outside: feeds train's instruments, writes train's summary.
-    "inject": {"config", "schema", "distributed", "train.instruments", "train.summary"},
+    # An unmodified script instrumented from outside: feeds train's instruments, writes the run summary.
+    "inject": {"config", "schema", "distributed", "reporting", "train.instruments"},
     # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do.
     "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data"},
     "ps": {"config", "models", "data", "costs", "reporting", "jobs"},

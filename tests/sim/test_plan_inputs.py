@@ -27,9 +27,10 @@ def _option(args: list[str], name: str, value: str) -> list[str]:
     ("--gpu", "mem=4.8TB/s", "--gpu = 'mem=4.8TB/s': GPU spec lacks a peak"),
     ("--batch-size", "32.5", "--batch-size = '32.5': must be a whole number >= 1"),
     ("--framework-overhead", "-0.1", "--framework-overhead = -0.1: must be >= 0"),
+    ("--nics-per-node", "0", "--nics-per-node = '0': must be a whole number >= 1"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, name, value, expect):
-    args = GOYAL + ["--framework-overhead", "0"] if name == "--framework-overhead" else list(GOYAL)
+    args = list(GOYAL) if name in GOYAL else [*GOYAL, name, "0"]  # an option GOYAL leaves at its default
     r = run_cli([*_option(args, name, value), "--out", str(tmp_path / "plan"), "--json", str(tmp_path / "p.json")],
                 timeout=60)
     lines = [ln for ln in r.err.strip().splitlines() if ln.strip()]
@@ -53,6 +54,21 @@ def test_goyal_setting_runs_and_sits_near_the_published_90_percent(tmp_path):
         assert again.rc == 0, again.err
         q = json.loads((tmp_path / "q.json").read_text())["points"]
         assert [p["efficiency"] for p in q] == pytest.approx([eff[8], eff[256]])
+
+
+def test_more_nics_per_node_speed_up_the_network_and_say_so(tmp_path):
+    def plan(nics: str) -> dict:
+        out = tmp_path / nics
+        r = run_cli([*GOYAL, "--nics-per-node", nics, "--out", str(out), "--json", str(out / "p.json")], timeout=60)
+        assert r.rc == 0, r.err
+        return json.loads((out / "p.json").read_text())
+
+    one, eight = plan("1"), plan("8")
+    # inside one server nothing crosses a NIC; across 32 servers the 8 GPUs of each get 8 adapters, not one
+    assert eight["points"][0]["efficiency"] == pytest.approx(one["points"][0]["efficiency"])
+    assert eight["points"][1]["efficiency"] > one["points"][1]["efficiency"]
+    terms = {t["name"]: t for t in eight["assumptions"]["terms"]}
+    assert terms["nics_per_node"]["value"] == 8 and "--nics-per-node" in terms["nics_per_node"]["source"]
 
 
 def test_framework_overhead_fitted_and_a_gpu_by_datasheet(tmp_path):

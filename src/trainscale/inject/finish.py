@@ -21,9 +21,9 @@ import torch
 
 from ..about import versions
 from ..config import config_to_dict
-from ..schema import SCHEMA_VERSION
+from ..reporting.stats import median_interdecile
+from ..schema import SCHEMA_VERSION, write_summary
 from ..train.instruments import merge_accounting, merge_phase_stats, write_trace
-from ..train.summary import median_interdecile, write_summary
 
 __all__ = ["connect_store", "finish_run", "backend_now", "NO_STEP"]
 

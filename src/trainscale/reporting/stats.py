@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Interval", "mean_interval", "median", "rel_range"]
+__all__ = ["Interval", "mean_interval", "median", "rel_range", "median_interdecile"]
 
 # Student's t, 97.5% quantile, for 1..10 degrees of freedom (a 95% interval from a handful of seeds).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
@@ -78,3 +78,14 @@ def rel_range(xs: Iterable[float | None]) -> float:
         return 0.0
     m = statistics.median(vals)
     return (max(vals) - min(vals)) / m if m else float("nan")
+
+
+def median_interdecile(values: list[float]) -> tuple[float, float]:
+    """Median and relative interdecile range, (p90 - p10) / median, of a list of timings (the summary's
+    ``*_spread`` fields; ``reporting.stats.rel_range`` is max - min over repeats instead)."""
+    if not values:
+        return float("nan"), float("nan")
+    med = statistics.median(values)
+    s = sorted(values)
+    lo, hi = s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]
+    return med, ((hi - lo) / med if med else float("nan"))

@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--inter", default="25gbe", help="link between nodes (10/25/100/200/400gbe, ib-edr/hdr/ndr; default 25gbe), or "
                                        "the node's rate: 50gbe, 50gbps, 3200Gb/s, 12.5GB/s (b: bits, B: bytes; 14 us per "
                                        "hop unless given: 50gbps@20us)")
+    a("--nics-per-node", default="1", help="with --gpu: network adapters per node; NCCL spreads its rings over min(GPUs, NICs) "
+                                           "of them, each at --inter's rate (DGX A100: 8, DGX-2: 8; default 1)")
     a("--topo", metavar="FILE", help="`nvidia-smi topo -m` output of one node: the ring's slowest hop sets --intra")
     a("--samples-per-s-1", help="measured one-device throughput (instead of the FLOP estimate), e.g. 230 or 1.2k")
     a("--params", help="parameters of a model not in the registry or catalogue: 25600000, 25_600_000, 25.6e6 or 25.6M")
@@ -126,6 +128,7 @@ def _numbers(a: argparse.Namespace) -> None:
     from ..costs.units import parse_count, parse_number
 
     a.gpus_per_node = parse_count(a.gpus_per_node, "--gpus-per-node")
+    a.nics_per_node = parse_count(a.nics_per_node, "--nics-per-node")
     if a.params is not None:
         a.params = parse_count(a.params, "--params")
     if a.batch_size is not None:
@@ -392,6 +395,7 @@ def _catalog_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
             raise ConfigError("--topo", a.topo, "no such file (save `nvidia-smi topo -m` output to it)")
         topo = parse_topo(Path(a.topo).read_text(), a.topo)
     cluster = ClusterSpec.from_catalog(a.gpu, a.gpus_per_node, a.intra, a.inter, topo)
+    cluster.nics_per_node = a.nics_per_node
     worlds = _worlds(a)
     job = _job_from_args(a, cal, assumptions)
     intra, inter = cluster.intra, cluster.inter
@@ -399,7 +403,7 @@ def _catalog_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
     assumptions.update({"gpu": a.gpu, "gpus_per_node": a.gpus_per_node, "intra": f"{intra.name} "
                         f"{intra.gbs:g} GB/s, {intra.hw_lat_us} us/hop",
                         "inter": f"{inter.name} {inter.gbs:g} GB/s x {cluster.net_efficiency} "
-                        f"efficiency, {inter.hw_lat_us} us/hop",
+                        f"efficiency, {inter.hw_lat_us} us/hop, {cluster.nics_per_node} NIC(s) per node",
                         "backward_share": f"{job.backward_share:.2f} of compute (backward ~ 2x forward)",
                         "batch_size": job.batch_size})
     if topo is not None:

@@ -43,7 +43,7 @@ def _job_terms(job: Job, measured: bool, given: dict[str, str]) -> list[dict[str
 def _link_terms(cluster: ClusterSpec) -> list[dict[str, Any]]:
     nccl = catalog()["nccl"]["source"]
     out = [_term("gpus_per_node", cluster.gpus_per_node, "devices", "given (--gpus-per-node)"),
-           _term("nics_per_node", cluster.nics_per_node, "adapters", "given (default 1)"),
+           _term("nics_per_node", cluster.nics_per_node, "adapters", "given (--nics-per-node, default 1)"),
            _term("base_latency_s", cluster.base_lat_s, "s per collective", nccl),
            _term("net_efficiency", cluster.net_efficiency, "s/s of line rate", "assumed: " + nccl)]
     for name, ln in (("intra", cluster.intra), ("inter", cluster.inter)):

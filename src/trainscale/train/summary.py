@@ -1,50 +1,19 @@
 """The run summary: one JSON object that the lab, the doctor, the benchmarks and the tests read.
 
-This module writes and prints it; its schema and reader live in ``trainscale.schema`` (re-exported here).
+This module prints it; its schema, reader and writer live in ``trainscale.schema`` (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
-from ..reporting.files import atomic_write_bytes
-from ..schema import SCHEMA_VERSION, read_summary, summary_schema  # the reader lives with the schema
+from ..reporting.stats import median_interdecile
+from ..schema import SCHEMA_VERSION, read_summary, strict_json, summary_schema, write_summary  # with the schema
 
 __all__ = ["write_summary", "read_summary", "print_summary", "median_interdecile", "strict_json", "summary_schema",
            "human", "SCHEMA_VERSION"]
-
-
-def median_interdecile(values: list[float]) -> tuple[float, float]:
-    """Median and relative interdecile range, (p90 - p10) / median, of a list of timings (the summary's
-    ``*_spread`` fields; ``reporting.stats.rel_range`` is max - min over repeats instead)."""
-    if not values:
-        return float("nan"), float("nan")
-    med = statistics.median(values)
-    s = sorted(values)
-    lo, hi = s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]
-    return med, ((hi - lo) / med if med else float("nan"))
-
-
-def strict_json(value: Any) -> Any:
-    """``value`` with every NaN and infinity replaced by None, so strict JSON parsers accept it (null)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
-
-
-def write_summary(path: str | Path, summary: dict[str, Any]) -> None:
-    """Write the summary atomically (never a half-written JSON); NaN and infinities as null."""
-    text = json.dumps(strict_json(summary), indent=2, default=str, allow_nan=False) + "\n"
-    atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
 def human(value: Any, unit: str = "") -> str:
