@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from inject_helpers import SCRIPTS, injected, torchrun
@@ -96,3 +98,16 @@ def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
     assert s["phases"]["no_comm"]["measured_steps"] > 0
     a, b = torch.load(f"{each}.rank0"), torch.load(f"{each}.rank1")
     assert all(torch.equal(a[k], b[k]) for k in a)  # rank 0's weights broadcast when no_comm ended
+
+
+@pytest.mark.timeout(200)
+def test_compute_is_not_measured_without_the_backward_hook(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "backward")  # as on a PyTorch without the autograd callback
+    s = injected("ddp_train.py", ["--steps", "100000"], tmp_path,
+                 switches=["--steps", "13", "--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"])
+    read_json(tmp_path / "ddp_train_n2.json")  # still a valid run summary
+    assert s["injected"]["measurements"]["backward"].startswith("not measured")
+    assert math.isnan(s["compute_s"]) and all(math.isnan(c) for c in s["rank_compute_s"])
+    base = s["phases"]["base"]
+    assert all(math.isnan(c) for c in base["rank_compute_s"]) and math.isfinite(base["step_time_s"])
+    assert all(math.isnan(row[2]) for rows in base["rank_steps"] for row in rows)

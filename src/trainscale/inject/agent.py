@@ -25,6 +25,7 @@ from ..train.instruments import Instruments, StepMode, start_accounting
 from .finish import finish_run
 from .frameworks import framework_on_stack
 from .hooks import install
+from .syncs import SyncCounter
 
 __all__ = ["activate", "Agent", "GradMeter"]
 
@@ -99,12 +100,16 @@ class Agent:
         self.sync_counts: list[int] = []  # the same, per iteration
         self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
         self.workers: int | None = None  # the first loader's worker processes
+        self.syncs = SyncCounter()
+        self.sync_steps: list[int] = []  # host syncs per iteration (on a GPU)
+        self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
         self.loss_first: Any = None
         self.loss_last: Any = None
         self._seen: list[int] = []
         self._closing: int | None = None
         self.t_start, self.finished = time.perf_counter(), False
         self.store: Any = None
+        self.out_dir = Path(".")  # the run's folder (its timeline goes there)
         self.backend = "gloo"
         self.phases_unrun: dict[str, str] = {}
         self.framework: dict[str, Any] = {}
@@ -138,6 +143,7 @@ class Agent:
         self.micro_counts.append(self.micro)
         self.sync_counts.append(self.sync_forwards)
         self.sync_forwards = 0
+        self.sync_steps.append(self.syncs.take())
         self.samples.append(self.step_samples)
         self.step_samples = self.micro = 0
         if self.ins is None:
@@ -161,12 +167,13 @@ class Agent:
         self.backend = backend_now(device)
         self.store = connect_store()
         self.meter = GradMeter(device.type == "cpu")
+        self.status["host_syncs"] = self.syncs.start(torch, device.type)
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         acct = None
         if self.cfg.log.accounting and self.store is not None:
             acct = start_accounting(self.rank, self.world, self.store, self.meter, device.type, attempt)
-        out = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
-        self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), out, acct)
+        self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
+        self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
         self.ins.loop_starts(time.perf_counter())
         self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))
@@ -259,6 +266,15 @@ class Agent:
         return out
 
     # ---- the end
+    def refuse(self, why: str) -> None:
+        """The script cannot be run as trainscale launches it: rank 0 leaves ``why`` for the lab, every rank ends."""
+        if self.rank == 0 and self.json_path:
+            Path(self.json_path + ".why").write_text(why + "\n")
+        sys.stderr.write(f"trainscale: {why}\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the lab reads the reason left beside the summary; nothing half-run goes on
+
     def finish(self) -> None:
         """Every rank's figures to rank 0 through the launcher's store; rank 0 writes the summary (once)."""
         if self.finished:

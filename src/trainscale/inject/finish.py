@@ -74,8 +74,10 @@ def finish_run(agent: Any) -> None:
         per_rank = [local]
     if agent.rank == 0 and agent.json_path:
         summary = build_summary(agent, per_rank)
+        if not agent.status.get("backward", "").startswith("measured"):
+            _compute_not_measured(summary)
         if ins.timeline is not None:
-            path = ins.out_dir / "timeline.json"
+            path = agent.out_dir / "timeline.json"
             write_trace(path, [r["timeline"] for r in per_rank], {"world_size": agent.world, "backend": agent.backend,
                                                                   "started_at": summary["started_at"]})
             summary["timeline"] = str(path)
@@ -90,8 +92,23 @@ def _setup(agent: Any, local: dict[str, Any]) -> dict[str, Any]:
     return {"find_unused_walk_s_per_step": agent.walk_s / n if any(d.find_unused_parameters for d in agent.ddps)
             else None,
             "exchanges_per_step": _median(agent.sync_counts[1:]), "micro_batches_per_step": local["micro"],
+            "host_syncs_per_step": _median(agent.sync_steps[2:]) if agent.status.get("host_syncs") == "measured"
+            else None, "one_rank_serves_data": agent.dispatched,
             "loader_workers": agent.workers, "threads": local["threads"], "processes_per_node":
             int(os.environ.get("LOCAL_WORLD_SIZE", str(agent.world))), "cores": available_cores()}
+
+
+def _compute_not_measured(summary: dict[str, Any]) -> None:
+    """Without the backward hook the compute clock never stops: its figures are NaN ("not measured"), never 0."""
+    nan = float("nan")
+    summary["compute_s"] = nan
+    for part in [summary, *(summary.get("phases") or {}).values()]:
+        for key in ("rank_compute_s", "rank_compute_spread"):
+            if key in part:
+                part[key] = [nan] * len(part[key])
+        for rows in part.get("rank_steps") or []:
+            for row in rows:
+                row[2] = nan  # STEP_ROW's compute column
 
 
 def _median(values: list[int]) -> int:

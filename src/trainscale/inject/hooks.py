@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .launchers import LIGHTNING_CONNECTORS, lightning_devices, refuse_spawn
+
 __all__ = ["install", "after_import", "SKIP"]
 
 
@@ -62,11 +64,14 @@ def install(agent: Any) -> dict[str, str]:
 
     skip = {s.strip() for s in os.environ.get(SKIP, "").split(",") if s.strip()}
     patches = {"step": _optimizer_hooks, "amp_skipped_steps": _scaler, "backward": _backward, "data_wait": _loader,
-               "ddp": _ddp}
+               "ddp": _ddp, "own_processes": refuse_spawn}
     status = {name: f"not measured: left out ({SKIP})" if name in skip else patch(torch, agent)
               for name, patch in patches.items()}
     if "data_wait" not in skip:
         after_import("accelerate.data_loader", lambda m: _accelerate_loaders(m, agent))
+    if "devices" not in skip:
+        for module, cls in LIGHTNING_CONNECTORS:
+            after_import(module, functools.partial(lightning_devices, cls_name=cls, agent=agent))
     return status
 
 
@@ -174,7 +179,9 @@ def _accelerate_loaders(module: Any, agent: Any) -> None:
             continue
         original = cls.__iter__
 
-        def __iter__(self: Any, _original: Any = original) -> Any:
+        def __iter__(self: Any, _original: Any = original, _name: str = name) -> Any:
+            if _name == "DataLoaderDispatcher":
+                agent.dispatched = True  # rank 0 reads every batch and sends each rank its slice
             return _Timed(_original(self), agent)
 
         cls.__iter__ = __iter__

@@ -2,8 +2,9 @@
 
 Pure code over one run summary's ``injected`` facts (counted on rank 0 by ``trainscale.inject``): DDP's
 ``find_unused_parameters`` (its graph walk after every forward, timed), gradient accumulation that exchanges on
-every micro-batch (forwards whose backward all-reduces, counted per optimizer step), and more compute threads
-than cores (intra-op threads and loader workers per process). Each is a row with its measured seconds per step
+every micro-batch (forwards whose backward all-reduces, counted per optimizer step), more compute threads
+than cores (intra-op threads and loader workers per process), host syncs per step (counted on a GPU) and one
+rank serving the data (accelerate's dispatcher). Each is a row with its measured seconds per step
 (None where it cannot be measured, and the row says why) and the change in the framework's own terms.
 
 Example::
@@ -29,6 +30,11 @@ _NO_SYNC = {"accelerate": "with accelerator.accumulate(model): ... (Accelerator(
             "Lightning Fabric": "with fabric.no_backward_sync(model, enabled=not last): ...",
             "Hugging Face Trainer": "TrainingArguments(gradient_accumulation_steps=K)"}
 
+_UNDISPATCH = {"accelerate": "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False)) with a "
+                             "dataset each rank reads its own part of",
+               "Hugging Face Trainer": 'TrainingArguments(accelerator_config={"dispatch_batches": False}) with a '
+                                       "dataset each rank reads its own part of"}
+
 
 def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str, Any]]:
     """The configuration causes of the N-process run ``summary`` (empty for a run on the run API)."""
@@ -44,6 +50,21 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
                                  "(only the last one needs to)",
                      "advice": "skip the exchange on all but the last micro-batch: "
                                + _NO_SYNC.get(fw, "with model.no_sync(): for every micro-batch but the last")})
+    syncs = setup.get("host_syncs_per_step")
+    if syncs:
+        rows.append({"name": "host_syncs", "seconds_per_step": None,
+                     "evidence": f"{syncs} host sync(s) per step: each time the host waits for the device's queue to "
+                                 "drain (.item(), .cpu(), a tensor's value in an if, printing a tensor); counted, "
+                                 "not timed apart",
+                     "advice": "keep values on the device between log points: read losses and metrics every K steps, "
+                               "check finiteness on the device (torch.isfinite(...).all() without .item())"})
+    if setup.get("one_rank_serves_data"):
+        rows.append({"name": "one_rank_serves_data", "seconds_per_step": None,
+                     "evidence": "accelerate's DataLoaderDispatcher: rank 0 reads every batch of every rank and "
+                                 "sends each its slice (dispatch_batches, the default for an IterableDataset); its "
+                                 "cost is in the input share the no_data experiment measures",
+                     "advice": "let each rank read its own data: " + _UNDISPATCH.get(
+                         fw, "dispatch_batches=False, with a dataset each rank reads its own part of")})
     threads, workers = setup.get("threads") or 1, setup.get("loader_workers") or 0
     procs, cores = setup.get("processes_per_node") or 1, setup.get("cores") or 1
     if procs * (threads + workers) > cores:

@@ -1,7 +1,8 @@
 """An accelerate training script, as its docs teach it (run it with accelerate launch, or torchrun).
 
 No trainscale import. Fault switches for trainscale's tests: ``--slow-collate-ms 20`` (a Python collate,
-no workers), ``--slow-rank 1`` (that rank's forward 3x slower).
+no workers), ``--slow-rank 1`` (that rank's forward 3x slower). ``--stream``: the data as an
+``IterableDataset``, which accelerate serves from rank 0 to all (its dispatcher, the default for such a dataset).
 
     accelerate launch --num_processes 2 --cpu accelerate_train.py --steps 40
 """
@@ -12,7 +13,7 @@ import time
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
 
@@ -31,6 +32,18 @@ class Net(nn.Module):
         return out
 
 
+class Stream(IterableDataset):
+    """Samples drawn at random from a tensor dataset, without end."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(2)
+        while True:
+            yield self.data[int(torch.randint(0, len(self.data), (1,), generator=g))]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
@@ -38,6 +51,7 @@ def main():
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--stream", action="store_true")
     args = p.parse_args()
 
     accelerator = Accelerator(cpu=True)
@@ -51,7 +65,7 @@ def main():
         time.sleep(args.slow_collate_ms / 1000)
         return default_collate(samples)
 
-    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True,
+    loader = DataLoader(Stream(data) if args.stream else data, batch_size=args.batch_size, shuffle=not args.stream,
                         collate_fn=collate if args.slow_collate_ms else None)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     loss_fn = nn.CrossEntropyLoss()

@@ -47,6 +47,7 @@ def main():
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--devices", type=int, default=0, help="hard-coded, as many scripts do (0: torchrun's count)")
     args = p.parse_args()
 
     L.seed_everything(0, verbose=False)
@@ -59,7 +60,7 @@ def main():
 
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True,
                         collate_fn=collate if args.slow_collate_ms else None)
-    devices = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's process count on this node
+    devices = args.devices or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's process count on this node
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                         max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)

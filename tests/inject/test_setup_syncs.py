@@ -1,0 +1,46 @@
+"""Configuration causes met in a script's run: host syncs per step (counted on a GPU, said not measured on CPU)
+and one rank serving every rank's data (accelerate's dispatcher)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from inject_helpers import injected
+
+from trainscale.inject.syncs import NOT_ON_CPU, SyncCounter
+from trainscale.lab.setup_causes import setup_causes
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.timeout(200)
+def test_accelerate_dispatcher_is_named_and_host_syncs_not_measured_on_cpu(tmp_path):
+    s = injected("accelerate_train.py", ["--steps", "100000", "--stream"], tmp_path, switches=["--steps", "12"])
+    setup = s["injected"]["setup"]
+    assert setup["one_rank_serves_data"] is True
+    assert s["injected"]["measurements"]["host_syncs"] == NOT_ON_CPU and setup["host_syncs_per_step"] is None
+    rows = {r["name"]: r for r in setup_causes(s, s["step_time_s"])}
+    assert "dispatch_batches=False" in rows["one_rank_serves_data"]["advice"]
+    assert "host_syncs" not in rows  # not counted: never claimed
+
+
+def test_host_syncs_counted_on_a_gpu_are_a_cause():
+    summary = {"injected": {"framework": {"name": "PyTorch"}, "ddp": [],
+                            "setup": {"host_syncs_per_step": 3, "one_rank_serves_data": False}}}
+    row = next(r for r in setup_causes(summary, 0.01) if r["name"] == "host_syncs")
+    assert row["evidence"].startswith("3 host sync(s) per step") and ".item()" in row["advice"]
+    assert row["seconds_per_step"] is None  # counted, not timed apart
+
+
+def test_sync_warnings_are_counted_per_call_and_kept_from_the_user():
+    counter, shown = SyncCounter(), []
+    with warnings.catch_warnings():  # restores the filters and showwarning the counter replaces
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, *rest: shown.append(str(message))  # where the user's warnings go
+        counter.listen()
+        for _ in range(3):  # one call site, three syncs: each counted (the default filter would show one)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        assert counter.take() == 3 and counter.take() == 0
+    assert shown == ["something else"]
