@@ -1,15 +1,18 @@
 """trainscale's ddp step against a hand-written plain DDP loop: same model, batch and data, 2 processes.
 
-Three loops run in the same two processes, alternating rounds, each timed per step with the same
-clock: a hand-written DDP loop, ``trainscale train``'s Trainer, and a user's loop on the run API
-(``trainscale.init``); the results are the ratios of medians to the hand-written loop. Last line: one
-JSON object.
-Run: python benchmarks/ddp_overhead.py [--rounds 4 --steps 40]
+Three loops run in the same two processes, each timed per step with the same clock: a hand-written DDP
+loop, ``trainscale train``'s Trainer, and a user's loop on the run API (``trainscale.init``). Each round runs
+the three in one of their six orders (every order once in six rounds), so no loop always follows the same
+one; a round's ratios (its loop's median step over the plain loop's in that round) are paired, so the host's
+drift between rounds cancels. Result: the median of the per-round ratios, and their spread (max - min) /
+median. Last line: one JSON object.
+Run: python benchmarks/ddp_overhead.py [--rounds 6 --steps 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -90,11 +93,12 @@ def worker(rounds: int, steps: int, out: str) -> None:
     cfg = load_config(_pairs(MODEL) + ["--job.steps", str(steps)])
     init_distributed(cfg.job)  # one process group and thread setting for all loops
     ts, api, plain = [], [], []
+    loops = {"plain": lambda: statistics.median(plain_ddp_steps(steps, 5)),
+             "ts": lambda: Trainer(cfg).fit()["step_time_s"], "api": lambda: run_api_steps(cfg, steps)}
+    orders = list(itertools.permutations(loops))
     for r in range(rounds):
-        loops = [("plain", lambda: statistics.median(plain_ddp_steps(steps, 5))),
-                 ("ts", lambda: Trainer(cfg).fit()["step_time_s"]), ("api", lambda: run_api_steps(cfg, steps))]
-        for name, fn in loops[r % 3:] + loops[:r % 3]:  # rotate the order: no loop always runs first
-            {"plain": plain, "ts": ts, "api": api}[name].append(fn())
+        for name in orders[r % len(orders)]:
+            {"plain": plain, "ts": ts, "api": api}[name].append(loops[name]())
     if int(os.environ["RANK"]) == 0:
         Path(out).write_text(json.dumps({"ts": ts, "api": api, "plain": plain}))
 
@@ -106,7 +110,7 @@ def _pairs(argv: list[str]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--worker-out")
     a = ap.parse_args()
@@ -118,11 +122,15 @@ def main() -> None:
     r = launch_self(__file__, ["--rounds", str(a.rounds), "--steps", str(a.steps)])
 
     ts, api, plain = (statistics.median(r[k]) for k in ("ts", "api", "plain"))
+    ts_ratios = [t / p for t, p in zip(r["ts"], r["plain"])]
+    api_ratios = [u / p for u, p in zip(r["api"], r["plain"])]
     for i, (t, u, p) in enumerate(zip(r["ts"], r["api"], r["plain"])):
-        print(f"round {i + 1}: trainscale train {t * 1e3:.2f} ms/step, run API {u * 1e3:.2f} ms/step, "
-              f"plain DDP {p * 1e3:.2f} ms/step", file=sys.stderr)
-    emit({"ratio": ts / plain, "run_api_ratio": api / plain, "trainscale_step_s": ts, "run_api_step_s": api,
-          "plain_step_s": plain, "trainscale_spread": spread(r["ts"]), "run_api_spread": spread(r["api"]),
+        print(f"round {i + 1}: trainscale train {t * 1e3:.2f} ms/step ({t / p:.3f}), run API {u * 1e3:.2f} "
+              f"ms/step ({u / p:.3f}), plain DDP {p * 1e3:.2f} ms/step", file=sys.stderr)
+    emit({"ratio": statistics.median(ts_ratios), "run_api_ratio": statistics.median(api_ratios),
+          "ratio_spread": spread(ts_ratios), "run_api_ratio_spread": spread(api_ratios),
+          "trainscale_step_s": ts, "run_api_step_s": api, "plain_step_s": plain,
+          "trainscale_spread": spread(r["ts"]), "run_api_spread": spread(r["api"]),
           "plain_spread": spread(r["plain"]), "rounds": a.rounds})
 
 

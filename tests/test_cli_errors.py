@@ -20,7 +20,8 @@ def _one_line(err: str) -> str:
     (["--strategy.bucket_size", "5"], "strategy.bucket_size = '5': unknown field of [strategy]"),
     (["--steps", "many"], "job.steps = 'many': expected an integer"),
     (["--strategy.bucket_mb", "-1"], "strategy.bucket_mb = -1.0: must be a number >= 0"),
-    (["--strategy.amp", "fp16"], "strategy.amp = 'fp16': fp16 needs a CUDA device; on CPU use bf16 or none"),
+    (["--strategy.pipeline_stages", "2", "--strategy.amp", "fp16"],
+     "strategy.amp = 'fp16': fp16's loss scaler sees the loss on the last stage only; use bf16 with pipelining"),
     (["--model", "resnet9"], "model.name = 'resnet9': one of mlp, resnet18"),
     (["--nproc", "0"], "--nproc = 0: must be >= 1"),
 ])

@@ -215,7 +215,7 @@ class StrategyConfig(_Section):
         "strategy.bucket_candidates on the first steps and keep the fastest")
     overlap: bool = _f(True, "true: all-reduce buckets as they become ready in backward; false: after backward")
     grad_accum: int = _f(1, "micro-steps per optimizer step; gradients are exchanged on the last one only")
-    amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 uses a dynamic loss scaler and needs CUDA")
+    amp: Literal["none", "bf16", "fp16"] = _f("none", "mixed precision; fp16 adds a dynamic loss scaler")
     amp_cast_outputs: bool = _f(False, "under amp, cast the model's outputs back to float32 (a copy of each, every "
                                        "step); off: the loss runs under autocast, which computes the losses on its "
                                        "float32 list (cross_entropy, mse_loss, ...) in float32")

@@ -70,7 +70,7 @@ def test_processes_that_ended_count_under_the_process_that_started_them(tmp_path
     assert children_cpu / 6 / rep["seconds"] < 0.2
     row = next(r for r in rep["top"] if r["pid"] == starter)
     assert row["ended"] == 6
-    # Sampled every 0.1 s, each child's last moments are missed: most of its CPU is counted, never more.
-    assert 0.6 * children_cpu <= row["cores"] * rep["seconds"] <= 1.2 * children_cpu + 0.5
+    # The starter waited for each child: the kernel's children times count them whole, however the samples fell.
+    assert 0.95 * children_cpu <= row["cores"] * rep["seconds"] <= 1.2 * children_cpu + 0.5
     assert rep["cores"] >= row["cores"]
     assert describe(row).startswith("python") and f"pid {starter} and 6 processes it started, " in describe(row)

@@ -7,7 +7,10 @@ lab's own process tree (the launcher and every rank it started) is the job and i
 A process that ended while watched counts under its nearest ancestor still running at the end (the one a user
 can move or stop): a second job that starts new ranks for every run, or a build's compiler processes, is many
 short processes under 0.05 cores each over a long doctor run, and summed apart they added up to one core that
-the report left out (a second doctor beside a 509 s run: 0.07 cores reported).
+the report left out (a second doctor beside a 509 s run: 0.07 cores reported). Such a process's last moments
+fall between samples, and one that lives less than a sample interval is never seen: for an ancestor that waits
+for them, the kernel keeps their whole CPU time in its children's times (``cutime``/``cstime`` of
+``/proc/PID/stat``), which are read too, so what it started and reaped counts whole.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class LoadMonitor:
         self.interval_s, self.min_cores = interval_s, min_cores
         self._first: dict[int, tuple[float, str]] = {}  # pid -> (cpu s at first sight, name)
         self._last: dict[int, float] = {}
+        self._reaped: dict[int, tuple[float, float]] = {}  # pid -> CPU s of its reaped children, first and last
         self._parent: dict[int, int] = {}  # pid -> its parent's pid, as first seen
         self._alive: set[int] = set()  # pids seen in the last sample
         self._stop = threading.Event()
@@ -62,13 +66,17 @@ class LoadMonitor:
             info = p.info
             if info["pid"] in ours or info["cpu_times"] is None:
                 continue
-            cpu = info["cpu_times"].user + info["cpu_times"].system
+            t = info["cpu_times"]
+            cpu = t.user + t.system
+            reaped = getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
             if info["pid"] not in self._first:
                 # Born while we watched: all its CPU time is in the window (short-lived work would vanish otherwise).
                 born_inside = (info["create_time"] or 0) > self.wall_t0
                 self._first[info["pid"]] = (0.0 if born_inside else cpu, info["name"] or "?")
+                self._reaped[info["pid"]] = (0.0 if born_inside else reaped, reaped)
                 self._parent[info["pid"]] = info["ppid"] or 0
             self._last[info["pid"]] = cpu
+            self._reaped[info["pid"]] = (self._reaped[info["pid"]][0], reaped)
             alive.add(info["pid"])
         self._alive = alive
 
@@ -112,11 +120,22 @@ class LoadMonitor:
         each with the processes it started that ended while watched (``ended``, their CPU in its ``cores``)."""
         wall = max(1e-9, (self.t1 or time.monotonic()) - self.t0)
         by: dict[int, dict[str, Any]] = {}
+        ended_cpu: dict[int, float] = {}  # owner -> CPU s sampled of the processes it started that ended
         for pid, (first, _) in self._first.items():
             owner = self._owner(pid)
             row = by.setdefault(owner, {"pid": owner, "name": self._first[owner][1], "cores": 0.0, "ended": 0})
-            row["cores"] += (self._last.get(pid, first) - first) / wall
-            row["ended"] += owner != pid
+            cpu = self._last.get(pid, first) - first
+            if owner == pid:
+                row["cores"] += cpu / wall
+            else:
+                row["ended"] += 1
+                ended_cpu[owner] = ended_cpu.get(owner, 0.0) + cpu
+        for owner, row in by.items():
+            if owner in self._alive:  # what it reaped counts whole; the samples of what it started, at least
+                first, last = self._reaped[owner]
+                row["cores"] += max(last - first, ended_cpu.get(owner, 0.0)) / wall
+            else:
+                row["cores"] += ended_cpu.get(owner, 0.0) / wall
         rows = sorted(by.values(), key=lambda r: -r["cores"])
         from .common import cores
         return {"cores": sum(r["cores"] for r in rows), "machine_cores": cores(),

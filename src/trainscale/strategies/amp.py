@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -16,9 +17,15 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_amp(amp: str, device: torch.device) -> None:
-    """Refuse fp16 off CUDA: its loss scaling and kernels are a GPU path."""
-    if amp == "fp16" and device.type != "cuda":
-        raise ConfigError("strategy.amp", amp, "fp16 needs a CUDA device; on CPU use bf16 or none")
+    """Refuse a precision this PyTorch cannot autocast to on ``device`` (it would silently run in float32)."""
+    if amp == "none":
+        return
+    with warnings.catch_warnings():  # an unsupported dtype warns and disables itself: this says it as an error
+        warnings.simplefilter("ignore")
+        region = torch.autocast(device.type, dtype=_DTYPES[amp])
+    if not getattr(region, "_enabled", True):
+        raise ConfigError("strategy.amp", amp, f"this PyTorch ({torch.__version__}) has no {amp} autocast on "
+                                               f"{device.type}; use bf16 or none")
 
 
 def apply_amp(amp: str, device: torch.device) -> tuple[Callable[[], AbstractContextManager], torch.amp.GradScaler]:
