@@ -99,32 +99,44 @@ def _bytes(t: Any) -> int:
 def profile_layers(layers: list[Layer], x: torch.Tensor, repeats: int = 5, warmup: int = 2) -> list[LayerCost]:
     """Time each layer's forward + backward on ``x`` (the first layer's input) and what it sends and holds.
 
-    The model's state is left as it was: buffers (BatchNorm statistics), gradients and the RNG are restored.
+    Each repeat times every layer once, in turn, on the input the warm-up gave it, so a burst of load on a shared
+    host lands on all layers alike instead of on the one being timed; a layer's cost is its median. The model's
+    state is left as it was: buffers (BatchNorm statistics), gradients and the RNG are restored.
     """
     device = x.device
     saved = [{k: v.detach().clone() for k, v in layer.module.state_dict().items()} for layer in layers]
-    costs: list[LayerCost] = []
+    inputs, outputs = [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         inp = x
         for layer in layers:
-            times = []
-            out: Any = None
-            for r in range(warmup + repeats):
-                a = inp.detach().clone()
-                if a.is_floating_point() and layer is not layers[0]:  # the model's input needs no gradient
-                    a.requires_grad_(True)
+            inputs.append(inp)
+            for _ in range(max(1, warmup)):
+                out = _forward_backward(layer, inp, first=layer is layers[0])
+            outputs.append(out.detach())
+            inp = out.detach()
+        times: list[list[float]] = [[] for _ in layers]
+        for _ in range(repeats):
+            for i, layer in enumerate(layers):
                 _sync(device)
                 t0 = time.perf_counter()
-                out = layer.module(a)
-                out.backward(torch.ones_like(out))
+                _forward_backward(layer, inputs[i], first=i == 0)
                 _sync(device)
-                if r >= warmup:
-                    times.append(time.perf_counter() - t0)
-            params = sum(_bytes(p) for p in layer.module.parameters())
-            costs.append(LayerCost(layer.name, statistics.median(times), _bytes(out), params))
-            inp = out.detach()
+                times[i].append(time.perf_counter() - t0)
+    costs = [LayerCost(layer.name, statistics.median(t), _bytes(out),
+                       sum(_bytes(p) for p in layer.module.parameters()))
+             for layer, t, out in zip(layers, times, outputs)]
     for layer, state in zip(layers, saved):
         layer.module.load_state_dict(state)
         for p in layer.module.parameters():
             p.grad = None
     return costs
+
+
+def _forward_backward(layer: Layer, inp: torch.Tensor, first: bool) -> Any:
+    """One forward and backward of ``layer`` on a copy of ``inp``; returns its output."""
+    a = inp.detach().clone()
+    if a.is_floating_point() and not first:  # the model's input needs no gradient
+        a.requires_grad_(True)
+    out = layer.module(a)
+    out.backward(torch.ones_like(out))
+    return out
