@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,27 @@ def test_the_table_has_forty_points_from_eight_sources_each_stated():
         assert p["confidence"] and p["assumptions"], p["id"]
         assert 0 < p["published"]["efficiency"] <= 1, p["id"]
         assert set(p["model"]) <= SETTING_KEYS, (p["id"], set(p["model"]) - SETTING_KEYS)
+
+
+# How a README table's row is quoted in a point's `source.table`: the setting's figures the forecast is given.
+ROW = re.compile(r"1 GPU ([\d.]+) (?:sequences|img)/s, (\d+) GPUs (?:weak|strong) scaling ([\d.]+)")
+PRECISION = {"FP32": "fp32", "TF32": "tf32", "mixed precision": "amp"}
+
+
+def test_the_inputs_are_the_ones_the_quoted_row_states():
+    """A point's one-GPU figure, world, batch, precision and box are the ones its quoted table row prints."""
+    quoted = [p for p in POINTS if ROW.search(p["source"]["table"])]
+    assert len(quoted) >= 40  # every DeepLearningExamples row: ConvNets, BERT's 8-GPU rows, Jasper
+    for p in quoted:
+        table, m, pub = p["source"]["table"], p["model"], p["published"]
+        one, world, scaling = ROW.findall(table)[0]
+        assert float(m["samples_per_s_1"]) == float(one) and pub["world"] == int(world), p["id"]
+        assert pub["efficiency"] == pytest.approx(float(scaling) / int(world), abs=1e-4), p["id"]
+        assert m["precision"] == PRECISION[re.findall(r"\((FP32|TF32|mixed precision)\)", table)[-1]], p["id"]
+        batch = re.search(r"batch (\d+)/GPU", table)
+        assert batch is None or m["batch_size"] == int(batch.group(1)), p["id"]
+        box = re.search(r"\((\d+)x (A100|V100)", table)
+        assert box is not None and (m["gpus_per_node"], m["gpu"]) == (int(box.group(1)), box.group(2)), p["id"]
 
 
 def test_the_catalogue_terms_are_the_fit_on_all_sources():
