@@ -1,11 +1,11 @@
 """``trainscale plan`` against published scaling tables, scored leave-one-source-out.
 
 Reads ``tests/sim/heldout_scaling.json`` (every point: its source, table, URL, the inputs as the source states them
-and every assumption). The planner's only fitted quantities are the noise and reducer terms of
-``trainscale.costs.scale`` (units: s/s, seconds, passes over the gradient bytes, seconds per epoch); for each source in
-turn they are fitted on every other source and that source is forecast with them. Prints every point (published efficiency, forecast,
-error = forecast - published in efficiency points), the per-source table and the overall mean and max absolute
-error. ``--fit`` fits the terms on all sources and says whether ``costs/catalog.json`` holds that fit (exit 1 if
+and every assumption). The planner's only fitted quantities are the noise, reducer and epoch-overhead terms of
+``trainscale.costs.scale`` (units: s/s, seconds, passes over the gradient bytes, seconds per epoch); for each source
+in turn they are fitted on every other source and that source is forecast with them. Prints every point (published
+efficiency, forecast, error = forecast - published in efficiency points), the per-source table and the overall mean
+and max absolute error. ``--fit`` fits the terms on all sources and says whether ``costs/catalog.json`` holds that fit (exit 1 if
 not); ``--plot`` draws forecast against published, one colour per source. Output contract: the last stdout line is
 one JSON object with ``mean_abs_error``, ``max_abs_error``, ``points``, ``sources`` and ``per_source``.
 
