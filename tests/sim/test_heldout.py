@@ -12,7 +12,7 @@ import pytest
 
 from trainscale.costs.fsdp import FsdpUnit, fsdp_step
 from trainscale.costs.published import (
-    EPOCH_OVERHEADS,
+    EPOCH_CPU,
     _loss,
     fit_terms,
     forecast_point,
@@ -28,7 +28,7 @@ POINTS = TABLE["points"]
 # states them, never a multi-device figure of the same source.
 SETTING_KEYS = {"kind", "gpu", "gpus_per_node", "intra", "inter", "nics_per_node", "params", "model", "batch_size",
                 "samples_per_s_1", "precision", "bucket_mb", "hierarchical", "overlap", "accumulation", "grad_bytes",
-                "host_sync", "bucket_view", "epoch_samples", "linear_precision", "mfu", "gather_bytes", "reduce_bytes", "layers", "layer_params",
+                "host_sync", "bucket_view", "epoch_samples", "host_cores", "linear_precision", "mfu", "gather_bytes", "reduce_bytes", "layers", "layer_params",
                 "root_params", "tokens_per_step", "linear_flops_per_token", "attention_flops_per_token",
                 "head_flops_per_token"}
 
@@ -86,10 +86,9 @@ def test_a_source_is_forecast_without_its_own_points():
 
 
 def test_leave_one_source_out_accuracy():
-    # the score docs/plan.md and benchmarks/plan_heldout.py state: scored points (the table says why two are not)
-    errs = [abs(r.error) for r in _rows() if r.scored]
-    assert sum(errs) / len(errs) <= 0.03
-    assert max(errs) <= 0.11  # the worst point is named in docs/plan.md
+    errs = [abs(r.error) for r in _rows()]
+    assert sum(errs) / len(errs) <= 0.03  # what docs/plan.md states; the worst point is named there
+    assert max(abs(r.error) for r in _rows() if r.scored) <= 0.08  # the bar on the scored points
 
 
 def test_the_slowest_of_more_ranks_costs_more():
@@ -119,7 +118,7 @@ def test_epoch_overhead_weighs_n_times_as_much_per_step_at_n_devices():
 
 
 def test_epoch_overhead_moves_only_points_timed_over_epochs():
-    with_overhead, without = ScaleTerms(0.04, 0.012, 50.0, 4.0), ScaleTerms(0.04, 0.012, 50.0)
+    with_overhead, without = ScaleTerms(0.04, 0.012, 50.0, 200.0), ScaleTerms(0.04, 0.012, 50.0)
     for p in POINTS:
         moved = forecast_point(p, with_overhead) - forecast_point(p, without)
         if p["model"].get("epoch_samples"):
@@ -130,19 +129,24 @@ def test_epoch_overhead_moves_only_points_timed_over_epochs():
 
 def test_epoch_overhead_costs_more_where_an_epoch_has_fewer_steps():
     at = {p["id"]: p for p in POINTS}
-    terms = ScaleTerms(0.04, 0.012, 50.0, 4.0)
+    terms = ScaleTerms(0.04, 0.012, 50.0, 200.0)
     for w8, w16 in (("jasper-dgx2-b32-amp-8", "jasper-dgx2-b32-amp-16"),
                     ("quartznet-dgx2-b24-amp-8", "quartznet-dgx2-b24-amp-16")):
-        lost = [forecast_point(at[i], replace(terms, epoch_overhead_s=0.0)) - forecast_point(at[i], terms) for i in (w8, w16)]
+        lost = [forecast_point(at[i], replace(terms, epoch_cpu_s=0.0)) - forecast_point(at[i], terms) for i in (w8, w16)]
         assert lost[1] > 1.8 * lost[0] > 0, (w8, lost)
         pw, _ = parts(at[w16])
         assert pw.epoch_steps == 28539 // (16 * at[w16]["model"]["batch_size"] * pw.accumulation)
+    # the same CPU seconds on a DGX A100's 128 cores cost less than on a DGX-2's 48
+    a100, dgx2 = at["jasper-a100-b32-amp-8"], at["jasper-dgx2-b32-amp-8"]
+    assert (forecast_point(a100, replace(terms, epoch_cpu_s=0.0)) - forecast_point(a100, terms)) < \
+        (forecast_point(dgx2, replace(terms, epoch_cpu_s=0.0)) - forecast_point(dgx2, terms))
+    assert ScaleTerms(epoch_cpu_s=96.0).epoch_wall_s(48) == 2.0
 
 
 def test_the_fit_is_the_least_loss_of_its_grid():
     cached = [(p, *parts(p)) for p in POINTS]
     best = catalog_terms()
-    others = [replace(best, epoch_overhead_s=c) for c in EPOCH_OVERHEADS] + \
+    others = [replace(best, epoch_cpu_s=c) for c in EPOCH_CPU] + \
              [replace(best, reducer_passes=best.reducer_passes + d) for d in (-2.0, 2.0)] + \
              [replace(best, spread=best.spread + d) for d in (-0.005, 0.005)]
     assert all(_loss(cached, best) <= _loss(cached, t) for t in others)

@@ -5,7 +5,7 @@ efficiency at ``world`` devices against ``baseline_world``. The forecast uses on
 datasheet numbers: ``ddp`` points go through ``forecast`` (buckets overlapped with backward or one all-reduce after
 the accumulation, NCCL's ring), ``fsdp`` points through ``costs/fsdp.py``; both add the wait for the slowest rank
 of ``costs/scale.py``, and where the source's throughput is an average over whole epochs (``epoch_samples``: its
-code says so) the epoch's time outside its steps. Those terms are not stated by any source, so they are fitted, and
+code says so) the CPU time an epoch spends outside its steps, over the host's cores. Those terms are not stated by any source, so they are fitted, and
 scored honestly: leave one source out (fit on every other source, forecast that one), for every source in turn.
 
 Example::
@@ -27,11 +27,11 @@ from .scale import ScaleTerms, epoch_step_s
 __all__ = ["Row", "Parts", "source_of", "parts", "forecast_point", "fit_terms", "leave_one_source_out", "evaluate"]
 
 # The grid the terms are fitted on: spread (s/s), host jitter (seconds), reducer time (passes over the gradients),
-# an epoch's time outside its steps (seconds).
+# an epoch's time outside its steps (CPU seconds, spread over the host's cores).
 SPREADS = [i * 0.005 for i in range(13)]
-JITTERS = [i * 0.001 for i in range(31)]
+JITTERS = [i / 1000 for i in range(31)]  # i / 1000, not i * 0.001: 0.013, not 0.013000000000000001
 REDUCER = [i * 2.0 for i in range(31)]
-EPOCH_OVERHEADS = [i * 1.0 for i in range(13)]
+EPOCH_CPU = [i * 48.0 for i in range(13)]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class Parts:
     pass_s: float = 0.0  # one pass over the gradient bytes the reducer handles, at memory bandwidth (0: none)
     epoch_steps: float = 0.0      # optimizer steps a rank takes in one measured epoch (0: the source times steps)
     one_epoch_steps: float = 0.0  # one device's measured epoch, in optimizer steps of this world's size
+    host_cores: float = 0.0       # the CPU cores of the host the epoch's loader runs on
 
     def steady_s(self, world: int, terms: ScaleTerms) -> float:
         """The step at ``world`` with the wait for its slowest rank and DDP's own time."""
@@ -70,7 +71,7 @@ class Parts:
 
     def efficiency(self, world: int, terms: ScaleTerms) -> float:
         """One device's step over the step at ``world``, each with its share of an epoch's overhead where timed so."""
-        c = terms.epoch_overhead_s
+        c = terms.epoch_wall_s(self.host_cores)
         return epoch_step_s(self.one_s, self.one_epoch_steps, c) / epoch_step_s(self.steady_s(world, terms),
                                                                                  self.epoch_steps, c)
 
@@ -113,14 +114,16 @@ def _ddp(m: dict[str, Any], world: int) -> Parts:
     return Parts(step, p.step_time_s, step, acc, bool(m.get("host_sync", False)), pass_s, *_epochs(m, world, acc))
 
 
-def _epochs(m: dict[str, Any], world: int, acc: int) -> tuple[float, float]:
-    """(a rank's optimizer steps in one measured epoch at ``world``, one device's epoch in steps of ``acc`` micro-steps);
-    (0, 0) where the source times steps, not whole epochs of ``epoch_samples`` samples."""
+def _epochs(m: dict[str, Any], world: int, acc: int) -> tuple[float, float, float]:
+    """(a rank's optimizer steps in one measured epoch at ``world``, one device's epoch in steps of ``acc`` micro-steps,
+    the host's cores); zeros where the source times steps, not whole epochs of ``epoch_samples`` samples."""
     samples = int(m.get("epoch_samples", 0))
     if not samples:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
+    if int(m.get("host_cores", 0)) < 1:
+        raise ValueError(f"a point timed over epochs needs host_cores (the CPU cores of its host): {m}")
     b, one_acc = int(m["batch_size"]), _accumulation(m, 1)
-    return float(samples // (world * b * acc)), float(samples // (b * one_acc) * one_acc / acc)
+    return float(samples // (world * b * acc)), float(samples // (b * one_acc) * one_acc / acc), float(m["host_cores"])
 
 
 def _fsdp(m: dict[str, Any], world: int) -> Parts:
@@ -202,7 +205,7 @@ def _fit_cached(cached: Cached) -> ScaleTerms:
             fixed[i] += abs(_ratio(p, pw, pb, base) - p["published"]["efficiency"])
         steady = [(i, p, pw, pb, pw.steady_s(p["published"]["world"], base),
                    pb.steady_s(p["published"]["baseline_world"], base) if pb else 0.0) for i, p, pw, pb in epochs]
-        for overhead in EPOCH_OVERHEADS if epochs else [0.0]:
+        for overhead in EPOCH_CPU if epochs else [0.0]:
             errs = _epoch_errors(fixed, steady, overhead)
             key = (sum(e / n for e, n in zip(errs, counts)) / len(counts), s, j, r, overhead)
             best = key if best is None or key < best else best
@@ -210,13 +213,15 @@ def _fit_cached(cached: Cached) -> ScaleTerms:
     return ScaleTerms(*best[1:])
 
 
-def _epoch_errors(fixed: list[float], steady: list[tuple[Any, ...]], c: float) -> list[float]:
+def _epoch_errors(fixed: list[float], steady: list[tuple[Any, ...]], cpu_s: float) -> list[float]:
     """``fixed`` (per source, summed absolute errors of points timed over steps) plus the epoch-averaged points'
-    absolute errors at an epoch overhead of ``c`` seconds, their steady steps given."""
+    absolute errors at ``cpu_s`` CPU seconds an epoch outside its steps, their steady steps given."""
     errs = list(fixed)
     for i, p, pw, pb, sw, sb in steady:
+        c = cpu_s / pw.host_cores
         eff = epoch_step_s(pw.one_s, pw.one_epoch_steps, c) / epoch_step_s(sw, pw.epoch_steps, c)
         if pb is not None:
+            c = cpu_s / pb.host_cores
             eff /= epoch_step_s(pb.one_s, pb.one_epoch_steps, c) / epoch_step_s(sb, pb.epoch_steps, c)
         errs[i] += abs(eff - p["published"]["efficiency"])
     return errs

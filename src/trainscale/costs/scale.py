@@ -14,11 +14,11 @@ term is a quantity a user measures on their own job:
 * ``host_jitter_s``: the standard deviation of the host's time per step (seconds), felt only where the step waits
   for the host every step (``host_sync``: a loss scaler reading its overflow flag, a ``loss.item()``); otherwise the
   queue of launched kernels absorbs it.
-* ``epoch_overhead_s``: wall seconds an epoch spends outside its steps (the loader's restart, the epoch's first
-  batches, its logging), felt only where throughput is averaged over whole epochs: an epoch of ``S`` steps costs
-  ``S x step + overhead``. Weak scaling on a fixed dataset gives each rank ``1/N`` of the epoch's steps, so the same
-  seconds weigh ``N`` times as much per step at ``N`` devices as at one. Measured as an epoch's wall time minus the
-  sum of its steps' times.
+* ``epoch_cpu_s``: CPU seconds an epoch spends outside its steps (the loader's restart and its first batches,
+  decoded on the host's cores, the epoch's logging), felt only where throughput is averaged over whole epochs: an
+  epoch of ``S`` steps costs ``S x step + epoch_cpu_s / host cores``. Weak scaling on a fixed dataset gives each rank
+  ``1/N`` of the epoch's steps, so the same seconds weigh ``N`` times as much per step at ``N`` devices as at one.
+  Measured as an epoch's wall time minus the sum of its steps' times, times the cores its loader ran on.
 
 ``E[max]`` grows like ``sqrt(2 ln N)``: 1.42 at 8 ranks, 2.6 at 128, 3.0 at 512. That is what makes 128 GPUs lose
 a few per cent where the communication model alone loses almost nothing.
@@ -59,7 +59,11 @@ class ScaleTerms:
     spread: float = 0.0            # (p90 - p10) / median of one device's step time
     host_jitter_s: float = 0.0     # standard deviation of the host's time per step, seconds
     reducer_passes: float = 0.0    # the reducer's own time per step at P > 1, in passes over the gradient bytes
-    epoch_overhead_s: float = 0.0  # wall seconds an epoch spends outside its steps
+    epoch_cpu_s: float = 0.0       # CPU seconds an epoch spends outside its steps, spread over the host's cores
+
+    def epoch_wall_s(self, host_cores: float) -> float:
+        """Wall seconds an epoch spends outside its steps on a host of ``host_cores`` cores."""
+        return self.epoch_cpu_s / host_cores if host_cores > 0 else 0.0
 
     def reducer_s(self, pass_s: float, world: int) -> float:
         """The reducer's time per step at ``world`` beyond the wire, ``pass_s`` the time of one pass over the
@@ -83,7 +87,7 @@ def catalog_terms() -> ScaleTerms:
 
     c = catalog()["scale_terms"]
     return ScaleTerms(float(c["spread"]["value"]), float(c["host_jitter_s"]["value"]), float(c["reducer_passes"]["value"]),
-                      float(c["epoch_overhead_s"]["value"]))
+                      float(c["epoch_cpu_s"]["value"]))
 
 
 def with_extra(points: list[Any], extra_s: Callable[[int], float]) -> list[Any]:
