@@ -5,8 +5,9 @@ efficiency at ``world`` devices against ``baseline_world``. The forecast uses on
 datasheet numbers: ``ddp`` points go through ``forecast`` (buckets overlapped with backward or one all-reduce after
 the accumulation, NCCL's ring), ``fsdp`` points through ``costs/fsdp.py``; both add the wait for the slowest rank
 of ``costs/scale.py``, and where the source's throughput is an average over whole epochs (``epoch_samples``: its
-code says so) the CPU time an epoch spends outside its steps, over the host's cores. Those terms are not stated by any source, so they are fitted, and
-scored honestly: leave one source out (fit on every other source, forecast that one), for every source in turn.
+code says so) the CPU time an epoch spends outside its steps, over the host's cores (``host_cores``). Those terms are
+not stated by any source, so they are fitted, and scored honestly: leave one source out (fit on every other source,
+forecast that one), for every source in turn.
 
 Example::
 
@@ -74,6 +75,10 @@ class Parts:
         c = terms.epoch_wall_s(self.host_cores)
         return epoch_step_s(self.one_s, self.one_epoch_steps, c) / epoch_step_s(self.steady_s(world, terms),
                                                                                  self.epoch_steps, c)
+
+
+# Each point with its parts at its world and at its baseline world (None: one device).
+Cached = Sequence[tuple[dict[str, Any], Parts, Parts | None]]
 
 
 def source_of(point: dict[str, Any]) -> str:
@@ -162,7 +167,7 @@ def forecast_point(point: dict[str, Any], terms: ScaleTerms) -> float:
     return _ratio(point, *parts(point), terms)
 
 
-def _loss(cached: Sequence[tuple[dict[str, Any], Parts, Parts | None]], terms: ScaleTerms) -> float:
+def _loss(cached: Cached, terms: ScaleTerms) -> float:
     """Mean over sources of each source's mean absolute error (every source weighs the same)."""
     by: dict[str, list[float]] = {}
     for p, pw, pb in cached:
@@ -177,8 +182,6 @@ def fit_terms(points: Iterable[dict[str, Any]]) -> ScaleTerms:
     cached = [(p, *parts(p)) for p in points]
     return _fit_cached(cached)
 
-
-Cached = Sequence[tuple[dict[str, Any], Parts, Parts | None]]
 
 
 def _by_epoch(pw: Parts, pb: Parts | None) -> bool:
