@@ -1,11 +1,11 @@
 """``trainscale plan`` against published scaling tables, scored leave-one-source-out.
 
 Reads ``tests/sim/heldout_scaling.json`` (every point: its source, table, URL, the inputs as the source states them
-and every assumption). The planner's only fitted quantities are the noise and reducer terms of
-``trainscale.costs.scale`` (units: s/s, seconds, passes over the gradient bytes); for each source in turn they are fitted on
-every other source and that source is forecast with them. Prints every point (published efficiency, forecast,
-error = forecast - published in efficiency points), the per-source table and the overall mean and max absolute
-error. ``--fit`` fits the terms on all sources and says whether ``costs/catalog.json`` holds that fit (exit 1 if
+and every assumption). The planner's only fitted quantities are the noise, reducer and epoch-overhead terms of
+``trainscale.costs.scale`` (units: s/s, seconds, passes over the gradient bytes, CPU seconds per epoch); for each source
+in turn they are fitted on every other source and that source is forecast with them. Prints every point (published
+efficiency, forecast, error = forecast - published in efficiency points), the per-source table and the overall mean
+and max absolute error. ``--fit`` fits the terms on all sources and says whether ``costs/catalog.json`` holds that fit (exit 1 if
 not); ``--plot`` draws forecast against published, one colour per source. Output contract: the last stdout line is
 one JSON object with ``mean_abs_error``, ``max_abs_error``, ``points``, ``sources`` and ``per_source``.
 
@@ -40,7 +40,7 @@ def per_source(rows: list[Row]) -> dict[str, dict[str, Any]]:
         out[src] = {"points": len(errs), "mean_abs_error": round(100 * sum(errs) / len(errs), 2),
                     "max_abs_error": round(100 * max(errs), 2),
                     "fitted_without_it": {"spread": t.spread, "host_jitter_ms": round(t.host_jitter_s * 1e3, 2),
-                                          "reducer_passes": t.reducer_passes}}
+                                          "reducer_passes": t.reducer_passes, "epoch_cpu_s": t.epoch_cpu_s}}
     return out
 
 
@@ -52,7 +52,8 @@ def _print(rows: list[Row], table: dict[str, dict[str, Any]]) -> None:
     for src, s in table.items():
         f = s["fitted_without_it"]
         print(f"| {_short(src)} | {s['points']} | {s['mean_abs_error']:.2f} | {s['max_abs_error']:.2f} | "
-              f"spread {f['spread']:g}, host jitter {f['host_jitter_ms']:g} ms, reducer {f['reducer_passes']:g} passes |")
+              f"spread {f['spread']:g}, host jitter {f['host_jitter_ms']:g} ms, reducer {f['reducer_passes']:g} passes, "
+              f"epoch {f['epoch_cpu_s']:g} CPU s |")
 
 
 def _plot(rows: list[Row], path: Path) -> None:
@@ -88,7 +89,8 @@ def _check_fit(points: list[dict[str, Any]]) -> bool:
     """Fit the terms on every source and compare with the catalogue's ``scale_terms``."""
     t = fit_terms(points)
     stored = catalog()["scale_terms"]
-    fitted = {"spread": t.spread, "host_jitter_s": t.host_jitter_s, "reducer_passes": t.reducer_passes}
+    fitted = {"spread": t.spread, "host_jitter_s": t.host_jitter_s, "reducer_passes": t.reducer_passes,
+              "epoch_cpu_s": t.epoch_cpu_s}
     same = all(abs(fitted[k] - float(stored[k]["value"])) < 1e-12 for k in fitted)
     print(f"fitted on all {len({p['source']['url'].split('#')[0] for p in points})} sources: {fitted}; "
           f"costs/catalog.json scale_terms: { {k: stored[k]['value'] for k in fitted} }" + ("" if same else "  <- differs"))

@@ -14,6 +14,11 @@ term is a quantity a user measures on their own job:
 * ``host_jitter_s``: the standard deviation of the host's time per step (seconds), felt only where the step waits
   for the host every step (``host_sync``: a loss scaler reading its overflow flag, a ``loss.item()``); otherwise the
   queue of launched kernels absorbs it.
+* ``epoch_cpu_s``: CPU seconds an epoch spends outside its steps (the loader's restart and its first batches,
+  decoded on the host's cores, the epoch's logging), felt only where throughput is averaged over whole epochs: an
+  epoch of ``S`` steps costs ``S x step + epoch_cpu_s / host cores``. Weak scaling on a fixed dataset gives each rank
+  ``1/N`` of the epoch's steps, so the same seconds weigh ``N`` times as much per step at ``N`` devices as at one.
+  Measured as an epoch's wall time minus the sum of its steps' times, times the cores its loader ran on.
 
 ``E[max]`` grows like ``sqrt(2 ln N)``: 1.42 at 8 ranks, 2.6 at 128, 3.0 at 512. That is what makes 128 GPUs lose
 a few per cent where the communication model alone loses almost nothing.
@@ -33,7 +38,7 @@ from typing import Any
 
 from .order_stats import expected_max_normal, sigma_from_spread
 
-__all__ = ["ScaleTerms", "slowest_rank_s", "catalog_terms", "with_extra"]
+__all__ = ["ScaleTerms", "slowest_rank_s", "epoch_step_s", "catalog_terms", "with_extra"]
 
 
 def slowest_rank_s(sigma_s: float, world: int) -> float:
@@ -41,13 +46,24 @@ def slowest_rank_s(sigma_s: float, world: int) -> float:
     return sigma_s * expected_max_normal(world) if world > 1 and sigma_s > 0 else 0.0
 
 
+def epoch_step_s(step_s: float, steps_per_epoch: float, overhead_s: float) -> float:
+    """Mean wall seconds per step over an epoch of ``steps_per_epoch`` steps that spends ``overhead_s`` outside them
+    (``steps_per_epoch`` 0: throughput timed over steps, not epochs)."""
+    return step_s + overhead_s / steps_per_epoch if steps_per_epoch > 0 else step_s
+
+
 @dataclass(frozen=True)
 class ScaleTerms:
-    """The measured noise of one device's step: ``spread`` (s/s) and ``host_jitter_s`` (s)."""
+    """What a step loses as ranks are added beyond the wire: its noise, the reducer's time, an epoch's overhead."""
 
-    spread: float = 0.0          # (p90 - p10) / median of one device's step time
-    host_jitter_s: float = 0.0   # standard deviation of the host's time per step, seconds
-    reducer_passes: float = 0.0  # the reducer's own time per step at P > 1, in passes over the gradient bytes
+    spread: float = 0.0            # (p90 - p10) / median of one device's step time
+    host_jitter_s: float = 0.0     # standard deviation of the host's time per step, seconds
+    reducer_passes: float = 0.0    # the reducer's own time per step at P > 1, in passes over the gradient bytes
+    epoch_cpu_s: float = 0.0       # CPU seconds an epoch spends outside its steps, spread over the host's cores
+
+    def epoch_wall_s(self, host_cores: float) -> float:
+        """Wall seconds an epoch spends outside its steps on a host of ``host_cores`` cores."""
+        return self.epoch_cpu_s / host_cores if host_cores > 0 else 0.0
 
     def reducer_s(self, pass_s: float, world: int) -> float:
         """The reducer's time per step at ``world`` beyond the wire, ``pass_s`` the time of one pass over the
@@ -70,7 +86,8 @@ def catalog_terms() -> ScaleTerms:
     from .hardware import catalog
 
     c = catalog()["scale_terms"]
-    return ScaleTerms(float(c["spread"]["value"]), float(c["host_jitter_s"]["value"]), float(c["reducer_passes"]["value"]))
+    return ScaleTerms(float(c["spread"]["value"]), float(c["host_jitter_s"]["value"]), float(c["reducer_passes"]["value"]),
+                      float(c["epoch_cpu_s"]["value"]))
 
 
 def with_extra(points: list[Any], extra_s: Callable[[int], float]) -> list[Any]:

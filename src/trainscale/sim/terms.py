@@ -20,6 +20,7 @@ from ..costs.scale import ScaleTerms, with_extra
 
 __all__ = ["forecast_terms", "with_scale_terms"]
 
+# epoch_cpu_s is not among them: a forecast of one step has no epochs to spread it over.
 SCALE_KEYS = ("spread", "host_jitter_s", "reducer_passes")
 
 
