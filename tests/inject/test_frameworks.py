@@ -15,7 +15,8 @@ pytestmark = pytest.mark.dist
 
 FRAMEWORKS = {"accelerate_train.py": "accelerate", "fabric_train.py": "Lightning Fabric",
               "lightning_train.py": "Lightning Trainer", "hf_train.py": "Hugging Face Trainer"}
-PHASED = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "4", "--steps", "19"]
+# Five blocks of each phase, alternating: a burst of load on a shared host falls on both phases alike.
+PHASED = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "4", "--steps", "43"]
 
 
 @pytest.mark.timeout(200)
