@@ -47,22 +47,39 @@ def _patch_points() -> list[tuple[Any, str]]:
             (DDP, "_post_forward")]
 
 
-class Switch:
-    """The agent's patches and global optimizer hooks, put in (``on``) or taken out (``off``) between steps."""
+PATCHES = {"backward": {"backward"}, "loader": {"__next__"}, "ddp": {"forward", "_post_forward"}, "optimizer": set()}
 
-    def __init__(self, activate: Any):
+
+class Switch:
+    """The agent's patches and global optimizer hooks, put in (``on``) or taken out (``off``) between steps.
+
+    ``only``: the patch groups switched (``PATCHES``' names); the others stay out in both arms, so that one
+    group's cost is measured alone (the agent sees less of the step then: its own figures are not read here).
+    """
+
+    def __init__(self, activate: Any, only: set[str] | None = None):
         import torch.optim.optimizer as opt
 
         self.opt = opt
-        self.points = _patch_points()
+        self.only = set(PATCHES) if only is None else only
+        self.points = [(o, a) for o, a in _patch_points()
+                       if any(a in PATCHES[g] for g in self.only)]
         self.plain = [getattr(o, a) for o, a in self.points]
         pre, post = dict(opt._global_optimizer_pre_hooks), dict(opt._global_optimizer_post_hooks)
         activate()
         self.patched = [getattr(o, a) for o, a in self.points]
-        if all(x is y for x, y in zip(self.plain, self.patched)):
+        if self.points and all(x is y for x, y in zip(self.plain, self.patched)):
             raise RuntimeError("the agent patched nothing: is TRAINSCALE_ARGS/RANK set as an instrumented run's?")
         self.hooks = ({k: v for k, v in opt._global_optimizer_pre_hooks.items() if k not in pre},
                       {k: v for k, v in opt._global_optimizer_post_hooks.items() if k not in post})
+        for owner, attr in _patch_points():  # the groups not measured: out in both arms
+            if (owner, attr) not in self.points:
+                setattr(owner, attr, getattr(owner, attr).__wrapped__)
+        if "optimizer" not in self.only:
+            self.hooks = ({}, {})
+            for table in (opt._global_optimizer_pre_hooks, opt._global_optimizer_post_hooks):
+                for k in [k for k in table if k not in pre and k not in post]:
+                    table.pop(k)
 
     def set(self, on: bool) -> None:
         for (owner, attr), plain, patched in zip(self.points, self.plain, self.patched):
@@ -121,7 +138,7 @@ def worker(a: argparse.Namespace) -> None:
     spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
     script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(script)  # type: ignore[union-attr]
-    switch = Switch(activate)
+    switch = Switch(activate, set(a.only.split(",")))
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(script.ToyModel(a.width))  # created patched: the agent sees it
@@ -156,7 +173,7 @@ def worker(a: argparse.Namespace) -> None:
             "overhead_ratio": round(statistics.median(ratios), 5), "ratio_ci90": [round(x, 5) for x in _ci90(ratios)],
             "plain_cpu_ms": round(statistics.median(c for _, c in arms[False]) * 1e3, 4),
             "instrumented_cpu_ms": round(statistics.median(c for _, c in arms[True]) * 1e3, 4),
-            "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting,
+            "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting, "patches": a.only,
             "cpu_ratio_ci90": [round(x, 5) for x in _ci90(cpu_ratios)]}), flush=True)
     dist.barrier()
     sys.stdout.flush()
@@ -170,6 +187,8 @@ def main() -> None:
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--accounting", choices=("on", "off"), default="on",
                    help="the per-rank accounting (schedstat reads) in the instrumented arm, as the doctor runs it: on")
+    p.add_argument("--only", default=",".join(PATCHES),
+                   help=f"patch groups switched, comma-separated (default all: {','.join(PATCHES)})")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -183,7 +202,7 @@ def main() -> None:
                                    + ("true" if a.accounting == "on" else "false")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
            "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
-           "--accounting", a.accounting]
+           "--accounting", a.accounting, "--only", a.only]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
