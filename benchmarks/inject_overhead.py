@@ -1,70 +1,213 @@
-"""The cost of trainscale's injection on an unmodified script's step: the plain DDP script with and without it.
+"""The cost of trainscale's injection on an unmodified script's step: its hooks switched on and off in one run.
 
-The script (``tests/inject/scripts/ddp_train.py``, 2 ranks on Gloo under torchrun, 1 intra-op thread each)
-times its own loop after 5 warm-up steps and prints it (``ms/step``), so both arms are measured by the same
-clock in the same code. The instrumented arm runs as the doctor's base phase does (``TRAINSCALE_INJECT=1``,
-the per-rank accounting on, no experiment switched). Runs alternate in ABBA order so that a slow spell of a
-shared machine falls on both arms; ``overhead_ratio`` is the median over ABBA groups of the instrumented
-mean over the plain mean. Last line: one JSON object.
+The step is the plain DDP script's (``tests/inject/scripts/ddp_train.py``: its model, loader, loss and SGD), 2
+ranks on Gloo under torchrun, 1 intra-op thread each. Each rank installs the agent as an instrumented run does
+(``trainscale.inject.agent.activate``: the doctor's base phase, the per-rank accounting on), then switches every
+patch the agent made (the global optimizer step hooks, ``torch.autograd.backward``, the loader iterator's
+``__next__``, DDP's ``forward`` and ``_post_forward``) in and out by chunks of steps, in ABBA groups (on, off,
+off, on, then the mirror), so that a drift or a slow spell of a shared machine falls on both arms. A chunk's time
+is its mean step, each step capped at twice the chunk's median (a pause of the machine is not the hooks'; the
+accounting's block reads, tens of microseconds, count in full); its CPU time is the training thread's
+(``time.thread_time``), which a wait for a core does not inflate.
 
-Run: python benchmarks/inject_overhead.py [--groups 3 --steps 300 --width 512]
+``overhead_ratio``: the median over groups of (instrumented chunks' mean) / (plain chunks' mean), with its 90%
+bootstrap interval over groups (``ratio_ci90``); ``cpu_ratio`` and ``cpu_ratio_ci90`` the same for CPU time.
+Rank 0's figures (the ranks step together). Last line: one JSON object.
+
+Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import re
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "inject" / "scripts" / "ddp_train.py"
+CLIP = 2.0
 
 
-def one_run(instrumented: bool, steps: int, width: int) -> float:
-    """Milliseconds per step that the script measured itself."""
-    sys.path.insert(0, str(REPO / "src"))
-    from trainscale.inject import ENABLE, pythonpath
+def _patch_points() -> list[tuple[Any, str]]:
+    """Every (owner, attribute) the agent's hooks replace (``trainscale.inject.hooks.install``)."""
+    import torch
+    import torch.utils.data.dataloader as dl
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    if instrumented:
-        folder = tempfile.mkdtemp(prefix="inject_overhead_")
-        env.update({ENABLE: "1", "PYTHONPATH": pythonpath(env.get("PYTHONPATH", "")),
-                    "TRAINSCALE_JSON": str(Path(folder) / "summary.json"), "TRAINSCALE_ARGS": f"--log.progress none --job.steps {steps + 10}"})  # the script's end first
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
-           "--steps", str(steps), "--width", str(width)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=True).stdout
-    match = re.search(r"([0-9.]+) ms/step", out)
-    if match is None:
-        raise RuntimeError(f"no ms/step in the script's output: {out[-500:]}")
-    return float(match.group(1))
+    return [(torch.autograd, "backward"), (dl._BaseDataLoaderIter, "__next__"), (DDP, "forward"),
+            (DDP, "_post_forward")]
+
+
+PATCHES = {"backward": {"backward"}, "loader": {"__next__"}, "ddp": {"forward", "_post_forward"}, "optimizer": set()}
+
+
+class Switch:
+    """The agent's patches and global optimizer hooks, put in (``on``) or taken out (``off``) between steps.
+
+    ``only``: the patch groups switched (``PATCHES``' names); the others stay out in both arms, so that one
+    group's cost is measured alone (the agent sees less of the step then: its own figures are not read here).
+    """
+
+    def __init__(self, activate: Any, only: set[str] | None = None):
+        import torch.optim.optimizer as opt
+
+        self.opt = opt
+        self.only = set(PATCHES) if only is None else only
+        self.points = [(o, a) for o, a in _patch_points()
+                       if any(a in PATCHES[g] for g in self.only)]
+        self.plain = [getattr(o, a) for o, a in self.points]
+        pre, post = dict(opt._global_optimizer_pre_hooks), dict(opt._global_optimizer_post_hooks)
+        activate()
+        self.patched = [getattr(o, a) for o, a in self.points]
+        if self.points and all(x is y for x, y in zip(self.plain, self.patched)):
+            raise RuntimeError("the agent patched nothing: is TRAINSCALE_ARGS/RANK set as an instrumented run's?")
+        self.hooks = ({k: v for k, v in opt._global_optimizer_pre_hooks.items() if k not in pre},
+                      {k: v for k, v in opt._global_optimizer_post_hooks.items() if k not in post})
+        for owner, attr in _patch_points():  # the groups not measured: out in both arms
+            if (owner, attr) not in self.points:
+                setattr(owner, attr, getattr(owner, attr).__wrapped__)
+        if "optimizer" not in self.only:
+            self.hooks = ({}, {})
+            for table in (opt._global_optimizer_pre_hooks, opt._global_optimizer_post_hooks):
+                for k in [k for k in table if k not in pre and k not in post]:
+                    table.pop(k)
+
+    def set(self, on: bool) -> None:
+        for (owner, attr), plain, patched in zip(self.points, self.plain, self.patched):
+            setattr(owner, attr, patched if on else plain)
+        for table, ours in zip((self.opt._global_optimizer_pre_hooks, self.opt._global_optimizer_post_hooks),
+                               self.hooks):
+            for k, v in ours.items():
+                if on:
+                    table[k] = v
+                else:
+                    table.pop(k, None)
+
+
+def _clipped_mean(times: list[float]) -> float:
+    cap = CLIP * statistics.median(times)
+    return statistics.fmean(min(t, cap) for t in times)
+
+
+def _ci90(groups: list[float], reps: int = 2000, seed: int = 0) -> list[float]:
+    """90% bootstrap interval of the median of per-group ratios, groups drawn with replacement."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(groups, k=len(groups))) for _ in range(reps))
+    return [meds[int(0.05 * (reps - 1))], meds[int(0.95 * (reps - 1))]]
+
+
+def _steps(model: Any, opt: Any, loss_fn: Any, batches: Any, n: int) -> tuple[list[float], list[float]]:
+    """``n`` steps of the script's loop: per step, (wall seconds, training thread's CPU seconds)."""
+    wall, cpu = [], []
+    for _ in range(n):
+        t, c = time.perf_counter(), time.thread_time()
+        x, y = next(batches)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.thread_time() - c)
+    return wall, cpu
+
+
+def _endless(loader: Any, sampler: Any) -> Any:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One rank: the script's model and loop, the agent's hooks switched per chunk; rank 0 prints the result."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from trainscale.inject.agent import activate
+
+    spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
+    script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(script)  # type: ignore[union-attr]
+    switch = Switch(activate, set(a.only.split(",")))
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(script.ToyModel(a.width))  # created patched: the agent sees it
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(4096, 64, generator=g), torch.randint(0, 10, (4096,), generator=g))
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    batches = _endless(DataLoader(data, batch_size=64, sampler=sampler), sampler)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for on in (True, False):  # warm both arms; the agent starts its instruments at its first boundary
+        switch.set(on)
+        _steps(model, opt, loss_fn, batches, 3 * a.chunk)
+    arms: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    ratios, cpu_ratios = [], []
+    for grp in range(a.groups):
+        got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for on in ((True, False, False, True) if grp % 2 else (False, True, True, False)):
+            switch.set(on)
+            wall, cpu = _steps(model, opt, loss_fn, batches, a.chunk)
+            got[on].append((_clipped_mean(wall[1:]), _clipped_mean(cpu[1:])))  # the step after a switch left out
+        for on in (True, False):
+            arms[on] += got[on]
+        mean = {on: [statistics.fmean(x[i] for x in got[on]) for i in (0, 1)] for on in (True, False)}
+        ratios.append(mean[True][0] / mean[False][0])
+        cpu_ratios.append(mean[True][1] / mean[False][1])
+    switch.set(False)
+    if dist.get_rank() == 0:
+        print(json.dumps({
+            "benchmark": "inject_overhead", "width": a.width, "groups": a.groups, "chunk_steps": a.chunk,
+            "plain_ms": round(statistics.median(w for w, _ in arms[False]) * 1e3, 4),
+            "instrumented_ms": round(statistics.median(w for w, _ in arms[True]) * 1e3, 4),
+            "overhead_ratio": round(statistics.median(ratios), 5), "ratio_ci90": [round(x, 5) for x in _ci90(ratios)],
+            "plain_cpu_ms": round(statistics.median(c for _, c in arms[False]) * 1e3, 4),
+            "instrumented_cpu_ms": round(statistics.median(c for _, c in arms[True]) * 1e3, 4),
+            "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting, "patches": a.only,
+            "cpu_ratio_ci90": [round(x, 5) for x in _ci90(cpu_ratios)]}), flush=True)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # the agent's end-of-run summary is not this benchmark's
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--groups", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--groups", type=int, default=120)
+    p.add_argument("--chunk", type=int, default=24, help="steps per on or off chunk")
     p.add_argument("--width", type=int, default=512)
+    p.add_argument("--accounting", choices=("on", "off"), default="on",
+                   help="the per-rank accounting (schedstat reads) in the instrumented arm, as the doctor runs it: on")
+    p.add_argument("--only", default=",".join(PATCHES),
+                   help=f"patch groups switched, comma-separated (default all: {','.join(PATCHES)})")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
-    plain, inst, ratios = [], [], []
-    for g in range(a.groups):
-        arms = [True, False, False, True] if g % 2 else [False, True, True, False]
-        times = {True: [], False: []}
-        for arm in arms:
-            times[arm].append(one_run(arm, a.steps, a.width))
-            print(f"group {g}: {'instrumented' if arm else 'plain'} {times[arm][-1]:.3f} ms/step", flush=True)
-        plain += times[False]
-        inst += times[True]
-        ratios.append(statistics.fmean(times[True]) / statistics.fmean(times[False]))
-    print(json.dumps({"benchmark": "inject_overhead", "steps": a.steps, "width": a.width, "groups": a.groups,
-                      "plain_ms": plain, "instrumented_ms": inst, "overhead_ratio": statistics.median(ratios),
-                      "group_ratios": ratios}))
+    if a.worker:
+        worker(a)
+        return
+    folder = tempfile.mkdtemp(prefix="inject_overhead_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]),
+                "TRAINSCALE_JSON": str(Path(folder) / "summary.json"),
+                "TRAINSCALE_ARGS": "--log.progress none --job.threads 1 --job.steps 100000000 --log.accounting "
+                                   + ("true" if a.accounting == "on" else "false")})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
+           "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
+           "--accounting", a.accounting, "--only", a.only]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or not lines:
+        sys.exit(f"inject_overhead: the run failed (exit {out.returncode}): {out.stderr[-2000:]}")
+    print(lines[-1])
 
 
 if __name__ == "__main__":

@@ -42,3 +42,35 @@ def injected(script: str, args: list[str], tmp: Path, nproc: int = 2, switches: 
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def outside_load(cause: dict[str, Any]) -> bool:
+    """A cause that is a neighbour's doing, named by its processes: an outside load, not the script's."""
+    return cause["name"] == "external_load" or (
+        cause["name"] == "cpu_contention" and (cause.get("who") or {}).get("whose") == "outside"
+        and bool(cause["who"].get("outside")))
+
+
+def false_claims(doc: dict[str, Any], expected_setup: frozenset[str] = frozenset()) -> list[str]:
+    """What a doctor report on a clean script claims beyond what a clean run may report; empty when honest.
+
+    A clean 2-rank job on a 2-core host may claim (as significant) only: ``communication`` (the exchange two
+    ranks need), ``cpu_contention`` that names whose threads held the cores (the job's own, its exchange running
+    on CPU threads beside its compute, or outside processes by pid) and ``external_load`` (a neighbour, named).
+    Any other cause claimed, a claim larger than the loss beyond its noise, or a setup cause other than
+    ``expected_setup`` (what the framework itself sets, such as the Hugging Face Trainer's default
+    ``find_unused_parameters=True``) is a false alarm.
+    """
+    loss, noise = doc["scaling_loss_s"], doc["scaling_loss_noise_s"]
+    bad = []
+    for c in (c for c in doc["causes"] if c["significant"]):
+        who = c.get("who") or {}
+        named = outside_load(c) or (c["name"] == "cpu_contention" and who.get("whose") == "own"
+                                    and (who.get("exchange_on_cpu") or who.get("oversubscribed"))
+                                    and "the job's own" in c["evidence"])
+        if c["name"] != "communication" and not named:
+            bad.append(f"{c['name']} claimed: {c['evidence'][:200]}")
+        if c["seconds_per_step"] > loss + noise:
+            bad.append(f"{c['name']} {c['seconds_per_step']:.4f} s above the loss {loss:.4f} + noise {noise:.4f}")
+    setup = (doc.get("injected") or {}).get("setup_causes") or []
+    return bad + [f"setup cause {c['name']}" for c in setup if c["name"] not in expected_setup]

@@ -7,7 +7,7 @@ batch makes the step shorter); the doctor's verdicts per framework and fault in 
 from __future__ import annotations
 
 import pytest
-from inject_helpers import OFFLINE, SCRIPTS, injected
+from inject_helpers import OFFLINE, SCRIPTS, false_claims, injected, outside_load
 
 from clitools import read_json, run_cli
 
@@ -57,8 +57,23 @@ def test_doctor_names_a_slow_rank_in_each_framework(tmp_path, script):
     # A forward long enough that 3x of it stands above a shared 2-core machine's noise (width 512: 1.5 ms a step).
     wide = [] if script == "hf_train.py" else ["--width", "1024"]
     doc = _doctor(tmp_path, script, ["--slow-rank", "1", *wide])
-    top = [c for c in doc["causes"] if c["significant"]]
-    assert top and top[0]["name"] == "straggler" and "rank 1" in top[0]["evidence"]
+    # A neighbour that took the cores meanwhile may rank above it, named by its processes: the machine's truth.
+    top = [c for c in doc["causes"] if c["significant"] and not outside_load(c)]
+    assert top and top[0]["name"] == "straggler" and top[0]["rank"] == 1, doc["causes"]
+    assert "rank 1" in top[0]["evidence"]
+
+
+@pytest.mark.full
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", list(FRAMEWORKS))
+def test_doctor_claims_no_fault_of_a_clean_script(tmp_path, script):
+    doc = _doctor(tmp_path, script, [])
+    assert doc["injected"]["framework"]["name"] == FRAMEWORKS[script]
+    # The Trainer wraps a PreTrainedModel in DDP with find_unused_parameters=True unless told otherwise: a walk of
+    # the graph each step that the doctor measures and names (transformers' Trainer, its ddp_kwargs).
+    expected = frozenset({"find_unused_parameters"}) if script == "hf_train.py" else frozenset()
+    assert false_claims(doc, expected) == [], doc["causes"]
+    assert {c["name"] for c in doc["injected"]["setup_causes"]} == expected
 
 
 @pytest.mark.full

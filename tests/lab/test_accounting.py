@@ -250,3 +250,50 @@ def test_the_per_rank_chart_draws_each_phases_own_data_wait():
     run = {**part([rows(0.02), rows(0.02)]), "rank_data_wait_s": [1e-6, 1e-6], "phases": {"base": base}}
     segs = rank_segments([phase_parts(run)["base"]])
     assert [s["data wait"] for s in segs] == pytest.approx([0.06, 0.03])
+
+
+def straggler_runs(rq0: float, rq1: float, repeats: int = 2):
+    """Rank 1 computes 4 ms longer than rank 0 in every phase at 2 processes (rank 0 waits for it in the exchange);
+    in the base and no_data phases the ranks' training threads wait ``rq0`` and ``rq1`` per step for a core."""
+    runs = {}
+    for r in range(repeats):
+        j = 1e-5 * r
+        one = part([rows(0.010 + j, runq=0.0001)])
+        two = part([rows(0.020 + j, compute=0.010, comm=0.009, runq=rq0),
+                    rows(0.020 + j, compute=0.014, comm=0.005, runq=rq1)], 32)
+        quiet = part([rows(0.011 + j, compute=0.010, runq=0.0001), rows(0.015 + j, compute=0.014, runq=0.0001)], 32)
+        for cfg in ("base", "no_data", "no_comm"):
+            runs.setdefault((cfg, 1), []).append(one)
+        runs.setdefault(("base", 2), []).append(two)
+        runs.setdefault(("no_data", 2), []).append(two)
+        runs.setdefault(("no_comm", 2), []).append(quiet)
+    return runs
+
+
+def test_a_wait_for_a_core_takes_from_the_straggler_only_what_its_rank_waited_more():
+    # Beside a neighbour both ranks wait 6 ms a step for a core, rank 1 no longer than rank 0: its 4 ms of longer
+    # compute is its own (a slower forward), so the wait comes out of the exchange, then the compute interference,
+    # never the straggler. When rank 1 waits 3 ms longer than rank 0, at most those 3 ms can be the wait's doing.
+    ext = {"machine_cores": 2, "cores": 1.0, "top": [{"pid": 4242, "name": "sh", "cores": 1.0}]}
+    c = {x["name"]: x for x in analyse(straggler_runs(0.006, 0.006), 2, {**CTX, "external": ext},
+                                       replicates=60)["causes"]}
+    assert c["straggler"]["seconds_per_step"] == pytest.approx(0.004, abs=1e-4) and c["straggler"]["rank"] == 1
+    assert "straggler" not in {m["cause"] for m in c["cpu_contention"]["moved_from"]}
+    c = {x["name"]: x for x in analyse(straggler_runs(0.0045, 0.0075), 2, {**CTX, "external": ext},
+                                       replicates=60)["causes"]}
+    moved = {m["cause"]: m["s"] for m in c["cpu_contention"]["moved_from"]}
+    assert moved["straggler"] == pytest.approx(0.0024, abs=1e-4)  # 7.4 ms of wait: 5 ms from the exchange first
+    assert c["straggler"]["seconds_per_step"] == pytest.approx(0.0016, abs=1e-4)
+
+
+def test_the_wait_is_the_jobs_own_threads_when_nothing_outside_takes_a_core():
+    # A shell and the launcher used 0.1 of a core: bystanders. The job's own exchange threads (Gloo, on CPU) held
+    # the cores the ranks waited for, and the report says so rather than tell the user to move the shell.
+    ext = {"machine_cores": 2, "cores": 0.1, "top": [{"pid": 77, "name": "bash", "cores": 0.1}]}
+    runs = phased(n_runq=0.003)
+    for p in (p for parts in runs.values() for p in parts):
+        p["backend"] = "gloo"
+    cpu = {x["name"]: x for x in analyse(runs, 2, {**CTX, "external": ext}, replicates=60)["causes"]}["cpu_contention"]
+    assert cpu["who"]["whose"] == "own" and cpu["who"]["outside"] == []
+    assert "the job's own" in cpu["evidence"] and "bash" not in cpu["suggestion"]
+    assert "exchange threads" in cpu["suggestion"]

@@ -54,28 +54,34 @@ class GradMeter:
     """When this rank's backward graph was done and how long backward then waited (DDP's exchange, on CPU).
 
     The interface the per-rank accounting reads (``hooked``, ``last_gradient_s``, ``waits``): the arrival at the
-    exchange is the end of the graph, which DDP's reducer waits on after (its callback is queued later).
+    exchange is the end of the graph, which DDP's reducer waits on after (its callback is queued later). The end
+    of the graph is the compute clock's own mark (``ComputeClock``: on CPU it adds each graph's time since its
+    start to ``spent``), read around backward rather than hooked a second time: a second hook on the loss and its
+    callback cost more in the step than the rest of the injection (``benchmarks/inject_overhead.py``).
     """
 
-    __slots__ = ("hooked", "last_gradient_s", "waits", "blocked_is_exposed", "_engine")
+    __slots__ = ("hooked", "last_gradient_s", "waits", "blocked_is_exposed", "_clock", "_spent")
 
-    def __init__(self, cpu: bool):
+    def __init__(self, cpu: bool, clock: Any = None):
         self.hooked, self.last_gradient_s, self.blocked_is_exposed = cpu, 0.0, False
         self.waits: list[float] = []
-        self._engine = torch.autograd.Variable._execution_engine
+        self._clock, self._spent = clock, 0.0
+
+    def follow(self, clock: Any) -> None:
+        """Read the graph's end from ``clock`` (the run's ``ComputeClock``, built after this meter)."""
+        self._clock = clock
 
     def watch(self, loss: torch.Tensor) -> None:
-        loss.register_hook(self._started)
-
-    def _started(self, grad: torch.Tensor) -> None:
-        self._engine.queue_callback(self._graph_done)
-
-    def _graph_done(self) -> None:
-        self.last_gradient_s = time.perf_counter()
+        """Before backward: the clock's time so far (its graph-end mark adds to it)."""
+        if self.hooked and self._clock is not None:
+            self._spent = self._clock.spent
 
     def backward_done(self) -> None:
-        if self.hooked and self.last_gradient_s:
-            self.waits.append(max(0.0, time.perf_counter() - self.last_gradient_s))
+        """After backward: the graph ended at the clock's start plus what this backward added to it."""
+        if not self.hooked or self._clock is None or self._clock.spent == self._spent:
+            return  # the graph's end was not marked (no gradient flowed through the loss)
+        self.last_gradient_s = self._clock.t0 + (self._clock.spent - self._spent)
+        self.waits.append(max(0.0, time.perf_counter() - self.last_gradient_s))
 
 
 class Agent:
@@ -174,6 +180,7 @@ class Agent:
             acct = start_accounting(self.rank, self.world, self.store, self.meter, device.type, attempt)
         self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
+        self.meter.follow(self.ins.clock)
         self.ins.loop_starts(time.perf_counter())
         self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))

@@ -45,7 +45,8 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     if not r1 or len(r1) != len(rn) or not all(math.isfinite(v) for v in r1 + rn):
         return False
     by = {c["name"]: c for c in causes}
-    moved, kept = _split_wait([b - a for a, b in zip(r1, rn)], by, outside_load(ctx))
+    caps = {"straggler": _straggler_waits(base_n, (by.get("straggler") or {}).get("rank"))}
+    moved, kept = _split_wait([b - a for a, b in zip(r1, rn)], by, outside_load(ctx), caps)
     per_repeat = [b - a - k for a, b, k in zip(r1, rn, kept)]
     cause = make_cause("cpu_contention", per_repeat, [se["base", 1], se["base", n]], loss,
                        _contention_evidence(ctx, n, r1, rn), *_contention_advice(ctx, n), who=_who(ctx, n))
@@ -63,11 +64,32 @@ def cpu_contention(causes: list[dict[str, Any]], ctx: dict[str, Any], n: int, ba
     return True
 
 
-def _split_wait(per_repeat: list[float], by: dict[str, dict[str, Any]], outside: bool
-                ) -> tuple[dict[str, list[float]], list[float]]:
+def _straggler_waits(base_n: list[dict[str, Any]], rank: int | None) -> list[float]:
+    """Per repeat: how much longer the straggler's training thread waited for a core than the others' median.
+
+    A rank that computes longer because it waited for a core waited longer than the others: only that excess can
+    be the wait's doing. A rank slower for its own reasons (a slower forward, a slower device) waits no longer
+    for a core than the others, and its whole extra compute stays the straggler's, however much the others
+    waited (a slowed rank 1 on 2 cores here: 4.8 ms/step longer compute, 0.8 ms more wait for a core).
+    Infinite (no cap) without per-rank run-queue figures.
+    """
+    out = []
+    for p in base_n:
+        rq = p.get("rank_runq_main_s") or []
+        if rank is None or not 0 <= rank < len(rq) or len(rq) < 2 or not all(math.isfinite(v) for v in rq):
+            out.append(math.inf)
+            continue
+        others = rq[:rank] + rq[rank + 1:]
+        out.append(max(0.0, rq[rank] - statistics.median(others)))
+    return out
+
+
+def _split_wait(per_repeat: list[float], by: dict[str, dict[str, Any]], outside: bool,
+                caps: dict[str, list[float]] | None = None) -> tuple[dict[str, list[float]], list[float]]:
     """(per cause, the wait taken out of it per repeat; per repeat, the wait that stays in communication).
 
-    Each repeat's wait is taken from ``CONTENDED`` in order, never more than a cause holds nor below zero.
+    Each repeat's wait is taken from ``CONTENDED`` in order, never more than a cause holds nor below zero, nor
+    more than the cause's cap that repeat (``caps``: what the measured waits can explain of it).
     """
     moved: dict[str, list[float]] = {}
     # Under an outside load the measured wait is every thread's, the loader's among them: a batch that came late
@@ -81,7 +103,8 @@ def _split_wait(per_repeat: list[float], by: dict[str, dict[str, Any]], outside:
             c = by.get(name)
             if c is None or i >= len(c["per_repeat_s"]):
                 continue
-            take = min(left, max(0.0, c["per_repeat_s"][i]))
+            cap = (caps or {}).get(name, [])
+            take = min(left, max(0.0, c["per_repeat_s"][i]), cap[i] if i < len(cap) else math.inf)
             left -= take
             if name == "communication" and stays:
                 kept[i] = take
@@ -124,7 +147,11 @@ def _who(ctx: dict[str, Any], n: int) -> dict[str, Any]:
     threads, workers = int(ctx.get("threads") or 1), int(ctx.get("workers") or 0)
     cores = ext.get("machine_cores") or ctx.get("cores") or 0
     demand = n * (threads + workers)
-    return {"outside": ext.get("top", [])[:5],  # the load monitor lists only processes over its min_cores
+    # Processes outside that used fewer than OUTSIDE_CORES together (a shell, the launcher) did not take the cores
+    # the ranks waited for: the job's own threads did, and the report says so rather than name a bystander.
+    outside = ext.get("top", [])[:5] if outside_load(ctx) else []
+    return {"outside": outside,  # the load monitor lists only processes over its min_cores
+            "whose": "outside" if outside else "own",
             "outside_cores": ext.get("cores") or 0.0, "job_threads": demand, "cores": cores,
             "oversubscribed": bool(cores and demand > cores),
             # Gloo (any CPU device) runs each collective on threads of the rank's own, beside its compute threads.
@@ -135,11 +162,13 @@ def _contention_evidence(ctx: dict[str, Any], n: int, r1: list[float], rn: list[
     w = _who(ctx, n)
     by = ", ".join(describe(p) for p in w["outside"])
     own = (f"the job runs {w['job_threads']} compute threads ({n} processes x (intra-op threads + loader workers)) "
-           f"on {w['cores']} cores")
+           f"on {w['cores']} cores" + (", and each process's exchange runs on CPU threads of its own (Gloo) beside "
+                                       "them" if w["exchange_on_cpu"] else ""))
     return (f"the most descheduled rank's threads waited for a core {median(rn) * 1e3:.2f} ms/step at {n} "
             f"processes vs {median(r1) * 1e3:.2f} ms at 1 (schedstat run-queue time of the main thread, and of the "
             "backend's inside the exposed exchange); "
-            + (f"outside the job: {by}; " if by else "no outside process used the CPU; ") + own)
+            + (f"outside the job: {by}; " if by else "no outside process used the CPU: the threads that held the "
+               "cores are the job's own; ") + own)
 
 
 def _contention_advice(ctx: dict[str, Any], n: int) -> tuple[str, dict[str, str]]:

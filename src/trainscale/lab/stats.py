@@ -10,7 +10,7 @@ from ..reporting.stats import Interval, mean_interval, median, rel_range
 from ..schema import Col, cell
 
 __all__ = ["median", "rel_range", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind"]
+           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind", "rank_runq"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
 # loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
@@ -109,6 +109,23 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
     drawn = [(w.get(c, 0), v) for c, v in steps if w.get(c, 0)]
     total = sum(k for k, _ in drawn)
     return sum(k * v for k, v in drawn) / total if total else float("nan")
+
+
+def rank_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> list[float]:
+    """Per rank: its training thread's mean run-queue wait per step (``Col.RUNQ_MAIN``) over the drawn cycles.
+
+    The part of one rank's longer forward+backward that a wait for a core can explain is its own wait beyond the
+    others' (``contention.cpu_contention`` caps what it takes out of the straggler with it). NaN for a rank
+    without the column (no schedstat, an older summary).
+    """
+    out = []
+    for rows in ranks:
+        w = weights if weights is not None else {int(r[Col.CYCLE]): 1 for r in rows}
+        drawn = [(w.get(int(r[Col.CYCLE]), 0), cell(r, Col.RUNQ_MAIN)) for r in rows]
+        drawn = [(k, v) for k, v in drawn if k and math.isfinite(v)]
+        total = sum(k for k, _ in drawn)
+        out.append(sum(k * v for k, v in drawn) / total if total else float("nan"))
+    return out
 
 
 def critical_data_wait(ranks: list[list[list[float]]]) -> float:

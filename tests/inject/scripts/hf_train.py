@@ -7,6 +7,7 @@ no workers), ``--slow-rank 1`` (that rank's forward 3x slower).
 """
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -41,6 +42,7 @@ def main():
     if int(os.environ.get("RANK", "0")) == args.slow_rank:
         forward = model.forward
 
+        @functools.wraps(forward)  # keeps forward's signature, from which the Trainer picks the batch's columns
         def slow_forward(*a, **kw):
             t = time.perf_counter()
             out = forward(*a, **kw)
