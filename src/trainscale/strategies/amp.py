@@ -22,8 +22,9 @@ def check_amp(amp: str, device: torch.device) -> None:
         return
     with warnings.catch_warnings():  # an unsupported dtype warns and disables itself: this says it as an error
         warnings.simplefilter("ignore")
-        region = torch.autocast(device.type, dtype=_DTYPES[amp])
-    if not getattr(region, "_enabled", True):
+        with torch.autocast(device.type, dtype=_DTYPES[amp]):
+            enabled = torch.is_autocast_enabled(device.type)
+    if not enabled:
         raise ConfigError("strategy.amp", amp, f"this PyTorch ({torch.__version__}) has no {amp} autocast on "
                                                f"{device.type}; use bf16 or none")
 
