@@ -47,19 +47,19 @@ def _batch(train_args: list[str]) -> tuple[Any, Any, Any, Any]:
     return model, x, y, cfg.strategy
 
 
-def _wrapped(model: Any, strategy: Any, threads: int) -> Any:
-    """``model`` in the job's own DDP wrapper (``strategies.ddp.apply_ddp``: its buckets, buffers, bucket views)
-    on the process group of one this process holds; ``auto`` buckets take DDP's default, as the skeleton does."""
-    import dataclasses
+def _wrapped(model: Any, strategy: Any) -> Any:
+    """``model`` in DDP as the job wraps it (``strategies.ddp.apply_ddp``: its bucket size, buffer broadcast and
+    bucket views; tests/sim/test_reducer.py holds the two alike) on the process group of one this process holds;
+    ``auto`` buckets take DDP's default, as the skeleton does."""
+    import inspect
 
-    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..distributed.env import DistEnv
-    from ..strategies.ddp import apply_ddp
-
-    env = DistEnv(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", "", threads)
+    buffers = bool(strategy.broadcast_buffers)
+    kw = {"forward_sync_buffers": buffers} if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters \
+        else {"broadcast_buffers": buffers}  # renamed in torch 2.13
     bucket = 25.0 if strategy.bucket_mb == "auto" else float(strategy.bucket_mb)
-    return apply_ddp(model, env, dataclasses.replace(strategy, bucket_mb=bucket))
+    return DDP(model, bucket_cap_mb=bucket, gradient_as_bucket_view=True, **kw)
 
 
 def _block(step: Any, steps: int) -> tuple[list[float], list[float]]:
@@ -83,7 +83,7 @@ def _run(train_args: list[str], threads: int, blocks: int, steps: int) -> dict[s
     model, x, y, strategy = _batch(train_args)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        ddp = _wrapped(model, strategy, threads)
+        ddp = _wrapped(model, strategy)
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
 
         def stepper(m: Any) -> Any:
