@@ -56,7 +56,7 @@ def _wrapped(model: Any, strategy: Any) -> Any:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     buffers = bool(strategy.broadcast_buffers)
-    kw = {"forward_sync_buffers": buffers} if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters \
+    kw: dict[str, Any] = {"forward_sync_buffers": buffers} if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters \
         else {"broadcast_buffers": buffers}  # renamed in torch 2.13
     bucket = 25.0 if strategy.bucket_mb == "auto" else float(strategy.bucket_mb)
     return DDP(model, bucket_cap_mb=bucket, gradient_as_bucket_view=True, **kw)
