@@ -83,6 +83,8 @@ def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
             "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"],
             "single_wall_after": next(iter(cal_after.single.values()))["mean_step_s"],
             "core_share": cal.share.get(str(p)),
+            # DDP's reducer, measured beside the bare 1-process step and added at P > 1 (sim/reducer.py)
+            "reducer_cpu": next(iter(cal.reducer.values()), {}).get("cpu_s"),
             "inflation": [c.inflation.get(str(p), {}).get("factor") for c in (cal, cal_after)],
             "outside_cores_cal": cal_load["cores"], "outside_cores_run": run_load.report()["cores"],
             "loadavg_1m": psutil.getloadavg()[0]}
@@ -106,7 +108,7 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
             **{k: r5(k) for k in ("forecast_before", "forecast_after", "skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
-                                  "single_wall_after", "core_share", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+                                  "single_wall_after", "core_share", "reducer_cpu", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
 
 
 def main() -> None:
