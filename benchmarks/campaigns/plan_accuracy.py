@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from trainscale.costs.forecast import Point, StrategySpec, forecast
+from trainscale.costs.step import make_buckets
 from trainscale.jobs import RunSpec, run_train
 from trainscale.lab.neighbours import LoadMonitor
 from trainscale.lab.stats import job_step_time
@@ -72,6 +73,10 @@ def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
     model = ((before.model_step_s or before.step_time_s) + (after.model_step_s or after.step_time_s)) / 2
     one = next(iter(cal.single.values()))
     m = job_step_time(s)
+    # A rank's CPU per step as the calibration accounts it (less moved by the host's load than wall time):
+    # the bare 1-process step, DDP's reducer, Gloo's CPU for every bucket; ``m_cpu`` is what the run used.
+    reducer = next(iter(cal.reducer.values()), {}).get("cpu_s", 0.0)
+    gloo = sum(cal.cluster(p).comm_cpu_s(b, p) for b in make_buckets(cal.tensor_bytes, _strategy(JOBS[name]).bucket_mb * 2 ** 20))
     _say(f"  forecast {step * 1e3:.1f} ms (before {before.step_time_s * 1e3:.1f}, after {after.step_time_s * 1e3:.1f}; "
          f"compute {before.compute_s * 1e3:.1f}, comm {before.comm_exposed_s * 1e3:.1f}; model alone {model * 1e3:.1f}), "
          f"measured {m * 1e3:.1f} ms (compute {max(s['rank_compute_s']) * 1e3:.1f}); other programs "
@@ -83,6 +88,8 @@ def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
             "single_cpu": one["cpu_s"], "single_wall": one["mean_step_s"],
             "single_wall_after": next(iter(cal_after.single.values()))["mean_step_s"],
             "core_share": cal.share.get(str(p)),
+            # DDP's reducer, measured beside the bare 1-process step and added at P > 1 (sim/reducer.py)
+            "reducer_cpu": reducer, "f_cpu": one["cpu_s"] + reducer + gloo,
             "inflation": [c.inflation.get(str(p), {}).get("factor") for c in (cal, cal_after)],
             "outside_cores_cal": cal_load["cores"], "outside_cores_run": run_load.report()["cores"],
             "loadavg_1m": psutil.getloadavg()[0]}
@@ -106,7 +113,7 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
             **{k: r5(k) for k in ("forecast_before", "forecast_after", "skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
-                                  "single_wall_after", "core_share", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+                                  "single_wall_after", "core_share", "reducer_cpu", "f_cpu", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
 
 
 def main() -> None:

@@ -79,7 +79,9 @@ def test_a_source_is_forecast_without_its_own_points():
     rows = _rows()
     src = source_of(POINTS[0])
     moved = [dict(p, published={**p["published"], "efficiency": 0.5}) if source_of(p) == src else p for p in POINTS]
-    again = {r.id: r for r in leave_one_source_out(moved)}
+    # only its own fold: the one whose forecast of src must not see src's published values
+    again = {r.id: r for r in leave_one_source_out(moved, only=[src])}
+    assert {r.id for r in rows if r.source == src} == set(again)
     for r in rows:
         if r.source == src:  # its own published values moved: its forecast does not
             assert again[r.id].forecast == pytest.approx(r.forecast)

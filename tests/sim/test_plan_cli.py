@@ -58,7 +58,10 @@ def test_calibrate_then_plan_tiny_job(tmp_path):
     assert len(inf["rank_cpu_s"]) == 2 and inf["ratio"] == pytest.approx(inf["cpu_s"] / inf["single_cpu_s"])
     assert inf["factor"] == max(1.0, inf["ratio"])
     rep = data["replay"]["2"]
-    assert rep["spin_cpu_s"] == pytest.approx(one["cpu_s"] * inf["factor"])
+    # DDP's reducer, measured at a rank's threads (the 1-process run is the bare module): spun after the exchange
+    red = data["reducer"][str(one["threads"])]
+    assert red["cpu_s"] > 0 and red["unit"] == "s per step" and "sim/reducer.py" in red["source"]
+    assert rep["spin_cpu_s"] == pytest.approx(one["cpu_s"] * inf["factor"] + red["cpu_s"] / one["threads"])
     # the skeleton ran the same steps on both ranks, each no shorter than the CPU it spins
     assert rep["steps"] >= 8 and rep["step_s"] >= rep["spin_cpu_s"]
     assert sum("--ablate.comm true" in c for c in data["commands"]) == 2  # at 1 and at 2 processes, alike
@@ -72,6 +75,7 @@ def test_calibrate_then_plan_tiny_job(tmp_path):
     pts = plan["points"]
     assert [p["world_size"] for p in pts] == [1, 2] and pts[1]["step_time_s"] > 0
     assert plan["assumptions"]["compute_inflation"] == {"2": round(inf["factor"], 4)}
+    assert {t["name"]: t["value"] for t in plan["assumptions"]["terms"]}["reducer_cpu_s"] == round(red["cpu_s"], 6)
     # the same calibration refuses another job
     r = run_cli(["plan", "--calibration", str(cal), "--nproc", "1,2", "--out", str(tmp_path / "p2"),
                  "--model", "resnet18"], timeout=60)

@@ -57,6 +57,9 @@ class Job:
     cpu_s: float = 0.0              # CPU host: process CPU seconds per step, all threads (0: not measured)
     threads: int = 1                # CPU host: intra-op threads of the measured step
     core_share: float = 1.0         # CPU host: share of a core each thread got while measured (sharing slow-down)
+    # CPU host: the data-parallel reducer's CPU seconds per step at P > 1 beyond the wire (bucket copies, division,
+    # hooks), measured where the 1-device step ran without it (``plan calibrate``); 0: not measured.
+    reducer_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.tensor_bytes:
@@ -309,6 +312,10 @@ def _step(job: Job, cluster: ClusterSpec, s: StrategySpec, world: int) -> Point:
     base, slow = cluster.job_at(job, world)
     nodes = max(1, math.ceil(world / cluster.gpus_per_node))
     compute, other, sigma, straggler = _compute(base, slow, world)
+    # DDP's reducer (none at one device, none under FSDP): its CPU seconds over the threads as on free cores
+    # (CPU time is what the host's load does not change), at the sharing slow-down
+    reducer_cpu = base.reducer_cpu_s if world > 1 and not s.fsdp_units else 0.0
+    other += reducer_cpu / max(1, base.threads) * slow
     dp, bubble, tensor_bytes = _pipelined(s, world, compute, list(base.tensor_bytes))
     ratio, codec = _compression(s, tensor_bytes, cluster.mem_gbs)
     if s.ps_mode:
@@ -319,10 +326,10 @@ def _step(job: Job, cluster: ClusterSpec, s: StrategySpec, world: int) -> Point:
     if cluster.device == "cpu" and base.cpu_s and not s.local_sgd_period:
         # A CPU host: Gloo's work takes cycles from the compute (overlap is not free), so a rank needs its
         # whole CPU time at the sharing slow-down; the step is that or the critical path, whichever is longer.
-        demand = shared_step_s(base.cpu_s + comm_cpu, base.threads, slow)
+        demand = shared_step_s(base.cpu_s + reducer_cpu + comm_cpu, base.threads, slow)
         if demand > step:
             step, straggler = demand, 0.0
-            compute, other = shared_step_s(base.cpu_s, base.threads, slow), 0.0
+            compute, other = shared_step_s(base.cpu_s + reducer_cpu, base.threads, slow), 0.0
             exposed = shared_step_s(comm_cpu, base.threads, slow)
     input_step = input_bound_step(base.batch_size, base.input_samples_per_s)
     parts = {"compute": compute + other, "communication": exposed, "bubble": bubble, "straggler": straggler}

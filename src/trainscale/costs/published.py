@@ -230,11 +230,15 @@ def _epoch_errors(fixed: list[float], steady: list[tuple[Any, ...]], cpu_s: floa
     return errs
 
 
-def leave_one_source_out(points: Sequence[dict[str, Any]]) -> list[Row]:
-    """Every point forecast with the terms fitted on every other source (its own source left out)."""
+def leave_one_source_out(points: Sequence[dict[str, Any]], only: Iterable[str] | None = None) -> list[Row]:
+    """Every point forecast with the terms fitted on every other source (its own source left out); with ``only``,
+    the points of those sources alone (each fold still fitted on all the other sources)."""
     cached = [(p, *parts(p)) for p in points]
     rows = []
+    wanted = set(only) if only is not None else None
     for src in dict.fromkeys(source_of(p) for p in points):
+        if wanted is not None and src not in wanted:
+            continue
         terms = _fit_cached([c for c in cached if source_of(c[0]) != src])
         rows += [Row(p["id"], src, p["published"]["efficiency"], _ratio(p, pw, pb, terms), terms, p.get("scored", True))
                  for p, pw, pb in cached if source_of(p) == src]

@@ -6,6 +6,9 @@
    its CPU seconds fitted the same way), the share of a core each of P busy ranks gets on this host now, and
    the step of the job's skeleton (its measured CPU spun, its buckets all-reduced as backward readies them),
    in one ``trainscale launch`` of ``trainscale.strategies.probe`` (there: it runs the strategies' own hooks);
+   before it, at each rank's thread count, the data-parallel reducer's own time per step (``sim/reducer.py``:
+   the job inside DDP on a process group of one minus the bare job), which the 1-process run (the bare module)
+   does not have and every step at P > 1 does; the skeleton spins it too;
    across several nodes also the all-reduce that ``strategy.hierarchical`` runs (the DDP hook's node
    reduce-scatter, all-reduce across nodes and node all-gather) and the skeleton with it;
 4. with ``interference``, before the probe: the job at 1 and at P ranks with the gradient exchange switched off
@@ -73,12 +76,15 @@ def model_layout(train_args: list[str]) -> dict[str, Any]:
             "broadcast_buffers": bool(st.broadcast_buffers)}
 
 
-def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float = 1.0) -> dict[str, Any]:
+def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float = 1.0,
+             reducer_cpu_s: float = 0.0) -> dict[str, Any]:
     """The job's step as the probe replays it: one thread's CPU seconds and the buckets with their ready points.
 
     The 1-process run's CPU per step (all threads) is split evenly over its threads, and into forward + backward
     (``compute_s`` of ``step_s``) and the rest (optimizer, loop), which runs after the exchange. ``inflation``
     scales that CPU (the measured factor of :func:`_inflation`; 1: the 1-process CPU as it is).
+    ``reducer_cpu_s``: the reducer's CPU seconds per step (``sim/reducer.py``), spun after the exchange, where
+    DDP's work on the finished buckets ends the backward.
     """
     from ..costs.step import make_buckets, ready_at
 
@@ -86,7 +92,8 @@ def skeleton(layout: dict[str, Any], single: dict[str, float], inflation: float 
     fb = min(1.0, single["compute_s"] / single["step_s"]) if single["step_s"] > 0 else 1.0
     buckets = make_buckets(layout["tensor_bytes"], layout["bucket_mb"] * 1024 * 1024)
     ready = ready_at(buckets, layout["tensor_bytes"], 1.0) if layout["overlap"] else [1.0] * len(buckets)
-    return {"cpu_s": per_thread * fb, "rest_cpu_s": per_thread * (1 - fb), "backward_share": 2 / 3,
+    reducer = reducer_cpu_s / max(1, int(single["threads"]))
+    return {"cpu_s": per_thread * fb, "rest_cpu_s": per_thread * (1 - fb) + reducer, "backward_share": 2 / 3,
             "buckets": buckets, "ready": ready,
             "buffer_bytes": layout["buffer_bytes"] if layout["broadcast_buffers"] else 0.0}
 
@@ -212,15 +219,31 @@ def _ones(train_args: list[str], nprocs: list[int], thread_counts: list[int], n_
     return single, inflation
 
 
-def _probes(layout: dict[str, Any], single: dict[str, Any], inflation: dict[str, Any], nprocs: list[int],
-            n_cores: int, timeout: float, say: Callable[[str], None], launcher: LauncherOptions | None,
-            nn: int, commands: list[str]) -> dict[str, dict[str, Any]]:
+def _reducers(train_args: list[str], thread_counts: list[int], timeout: float, say: Callable[[str], None],
+              commands: list[str]) -> dict[str, dict[str, Any]]:
+    """Threads -> the reducer's own wall and CPU seconds per step at that thread count (``sim/reducer.py``)."""
+    from .reducer import command, measure
+
+    out = {}
+    for t in thread_counts:
+        say(f"calibrate: the data-parallel reducer's own time, 1 process, {t} thread(s)")
+        out[str(t)] = r = measure(train_args, t, timeout)
+        commands.append(command(train_args, t))
+        say(f"  {r['s'] * 1e3:.2f} ms per step (CPU {r['cpu_s'] * 1e3:.2f} ms): the step inside DDP "
+            f"{r['ddp_step_s'] * 1e3:.2f} ms, bare {r['bare_step_s'] * 1e3:.2f} ms")
+    return out
+
+
+def _probes(layout: dict[str, Any], single: dict[str, Any], inflation: dict[str, Any], reducer: dict[str, Any],
+            nprocs: list[int], n_cores: int, timeout: float, say: Callable[[str], None],
+            launcher: LauncherOptions | None, nn: int, commands: list[str]) -> dict[str, dict[str, Any]]:
     """The all-reduce, core share and skeleton at each P (and across nodes, flat and hierarchical, with a launcher)."""
     got: dict[str, dict[str, Any]] = {k: {} for k in ("allreduce", "across", "share", "replay", "across_hier",
                                                        "replay_hier")}
     for p in (n for n in nprocs if n > 1):
         t = max(1, n_cores // p)
-        sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0))
+        sk = skeleton(layout, single[str(t)], inflation.get(str(p), {}).get("factor", 1.0),
+                      float(reducer.get(str(t), {}).get("cpu_s", 0.0)))
         for world, opts in ((p, None), (p * nn, launcher)) if nn > 1 else ((p, None),):
             say(f"calibrate: all-reduce, CPU share and the job's skeleton on {p} processes"
                 + (f" on each of {nn} nodes, flat and hierarchical" if opts else ""))
@@ -270,11 +293,12 @@ def calibrate(train_args: list[str], nprocs: list[int], out: Path, timeout: floa
     single, inflation = _ones(train_args, nprocs, thread_counts, n_cores, timeout, say, interference, commands)
     multi = launcher is not None and launcher.multi_node
     nn = node_count(launcher) if launcher is not None and multi else 1
-    got = _probes(layout, single, inflation, nprocs, n_cores, timeout, say, launcher, nn, commands)
+    reducer = _reducers(train_args, sorted({max(1, n_cores // p) for p in nprocs if p > 1}), timeout, say, commands)
+    got = _probes(layout, single, inflation, reducer, nprocs, n_cores, timeout, say, launcher, nn, commands)
     cal = Calibration(layout["job"], list(train_args), layout["params"], layout["tensor_bytes"], layout["buffer_bytes"],
                       layout["flops_per_step"], n_cores, single, got["allreduce"], got["share"],
                       machine=f"{platform.node()}, {n_cores} cores" + (f" per node, {nn} nodes" if multi else ""),
                       commands=commands, replay=got["replay"], inflation=inflation, nnodes=nn, across=got["across"],
-                      across_hier=got["across_hier"], replay_hier=got["replay_hier"])
+                      across_hier=got["across_hier"], replay_hier=got["replay_hier"], reducer=reducer)
     cal.save(out)
     return cal

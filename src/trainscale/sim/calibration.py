@@ -84,6 +84,9 @@ class Calibration:
     # written before they were measured: the forecast then adds the node's and the link's all-reduces.
     across_hier: dict[str, dict[str, Any]] = field(default_factory=dict)
     replay_hier: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # threads -> the data-parallel reducer's own time per step at P > 1 beyond the wire ({s, cpu_s, unit, source}:
+    # sim/reducer.py); the 1-process run is the bare module, without it. Empty in older files: not added.
+    reducer: dict[str, dict[str, Any]] = field(default_factory=dict)
     machine: str = ""
     commands: list[str] = field(default_factory=list)
     schema: str = SCHEMA
@@ -124,10 +127,19 @@ class Calibration:
         counts = sorted(int(t) for t in self.single)
         t = min(counts, key=lambda c: (abs(c - threads), -c))
         s = self.single[str(t)]
+        r = self.reducer_at(t)
         return Job(str(self.job.get("model.name")), self.params, int(self.job.get("data.batch_size") or 1),
                    s["step_s"], s["compute_s"], spread=s.get("spread", 0.0), tensor_bytes=list(self.tensor_bytes),
                    buffer_bytes=self.buffer_bytes, cpu_s=s.get("cpu_s", 0.0), threads=t,
-                   core_share=share_per_thread(s.get("cpu_s", 0.0), s.get("mean_step_s", s["step_s"]), t))
+                   core_share=share_per_thread(s.get("cpu_s", 0.0), s.get("mean_step_s", s["step_s"]), t),
+                   reducer_cpu_s=float(r.get("cpu_s", 0.0)))
+
+    def reducer_at(self, threads: int) -> dict[str, Any]:
+        """The reducer's time measured at ``threads`` threads, else at the nearest count measured ({}: none)."""
+        if not self.reducer:
+            return {}
+        t = min((int(c) for c in self.reducer), key=lambda c: (abs(c - threads), -c))
+        return self.reducer[str(t)]
 
     def measured_terms(self) -> dict[str, float]:
         """What this calibration measured of ``costs/scale.py``'s terms, from its 1-process run with the most

@@ -427,7 +427,9 @@ def _machine_target(a: argparse.Namespace, cal: Any, assumptions: dict[str, Any]
                         # the forecast at these P is anchored on the job's skeleton measured there
                         "skeleton_step_s": {p: round(v["step_s"], 5) for p, v in cal.replay.items()},
                         # measured with --interference: the job's CPU per step on P ranks over 1 process
-                        "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()}})
+                        "compute_inflation": {p: round(v["factor"], 4) for p, v in cal.inflation.items()},
+                        # threads -> DDP's reducer at P > 1 (absent from the bare 1-process step): sim/reducer.py
+                        "reducer": {t: {k: v[k] for k in ("s", "cpu_s", "unit", "source")} for t, v in cal.reducer.items()}})
     if cal.nnodes > 1:
         assumptions.update(_across_nodes(cal))
     return _Target(job, cluster, worlds, f"trainscale plan: {job.name} on this machine ({cal.cores} cores)")

@@ -30,7 +30,12 @@ def _term(name: str, value: Any, unit: str, source: str) -> dict[str, Any]:
 
 def _job_terms(job: Job, measured: bool, given: dict[str, str]) -> list[dict[str, Any]]:
     how = "measured by trainscale plan calibrate" if measured else "given"
-    return [
+    reducer = []
+    if job.reducer_cpu_s:  # a calibration measured it (sim/reducer.py)
+        from .reducer import SOURCE
+
+        reducer = [_term("reducer_cpu_s", round(job.reducer_cpu_s, 6), "CPU s per step, added at P > 1 only", SOURCE)]
+    return reducer + [
         _term("one_device_step_s", round(job.step_s, 6), "s", given.get("one_device_step_s", how)),
         _term("compute_s", round(job.compute_s, 6), "s", given.get("one_device_step_s", how)),
         _term("backward_share", round(job.backward_share, 4), "s/s of compute",
