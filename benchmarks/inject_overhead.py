@@ -12,9 +12,11 @@ accounting's block reads, tens of microseconds, count in full); its CPU time is 
 
 ``overhead_ratio``: the median over groups of (instrumented chunks' mean) / (plain chunks' mean), with its 90%
 bootstrap interval over groups (``ratio_ci90``); ``cpu_ratio`` and ``cpu_ratio_ci90`` the same for CPU time.
-Rank 0's figures (the ranks step together). Last line: one JSON object.
+Rank 0's figures (the ranks step together); ``load_avg``: the host's 1-minute load average at the start and the
+end. Last line: one JSON object. ``--count N`` counts instead what the injection adds to the training thread's
+step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept).
 
-Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on]
+Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on] [--count 200]
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ class Switch:
                     table.pop(k)
 
     def set(self, on: bool) -> None:
+        from trainscale.inject import agent
+
+        end = agent._agent.graph_end if agent._agent is not None else None
+        if end is not None and "backward" in self.only:  # the backward patch's persistent hook, switched with it
+            end.hold(on)
+        elif end is not None:
+            end.off()
         for (owner, attr), plain, patched in zip(self.points, self.plain, self.patched):
             setattr(owner, attr, patched if on else plain)
         for table, ours in zip((self.opt._global_optimizer_pre_hooks, self.opt._global_optimizer_post_hooks),
@@ -280,11 +289,15 @@ def main() -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
            "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
            "--accounting", a.accounting, "--only", a.only, "--count", str(a.count), "--arm", a.arm]
+    load = os.getloadavg()[0]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         sys.exit(f"inject_overhead: the run failed (exit {out.returncode}): {out.stderr[-2000:]}")
-    print(lines[-1])
+    result = json.loads(lines[-1])
+    if not a.count:  # the machine's 1-minute load average at the start and the end (a shared host's noise)
+        result["load_avg"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

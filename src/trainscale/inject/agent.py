@@ -24,7 +24,8 @@ from ..config import load_config, parse_override_args
 from ..train.instruments import Instruments, StepMode, start_accounting
 from .finish import finish_run
 from .frameworks import framework_on_stack
-from .hooks import install
+from .graph_end import GraphEnd
+from .hooks import SKIP, install
 from .syncs import SyncCounter
 
 __all__ = ["activate", "Agent", "GradMeter"]
@@ -91,6 +92,7 @@ class Agent:
         self.posts = self.boundaries = 0
         self.ins: Instruments | None = None
         self.meter: GradMeter | None = None
+        self.graph_end: GraphEnd | None = None  # on CPU: the graph's end without a hook per step
         self.mode = StepMode()
         self.ddps: list[Any] = []
         self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
@@ -181,6 +183,9 @@ class Agent:
         self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
         self.meter.follow(self.ins.clock)
+        skipped = "graph_end" in os.environ.get(SKIP, "").split(",")
+        if self.ins.slow is None and self.ins.sleep is None and not skipped:  # else their loss hooks run: the clock's too
+            self.graph_end = GraphEnd(self.ins.clock, self.ddps)
         self.ins.loop_starts(time.perf_counter())
         self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))
@@ -272,9 +277,13 @@ class Agent:
         ins, meter = self.ins, self.meter
         if ins is None or meter is None:
             return original(tensors, *args, **kwargs)
-        ins.watch(loss)
-        spent = ins.clock.spent
-        out = original(tensors, *args, **kwargs)
+        spent, end = ins.clock.spent, self.graph_end
+        if end is not None and end.begin():
+            out = original(tensors, *args, **kwargs)
+            end.done()
+        else:
+            ins.watch(loss)
+            out = original(tensors, *args, **kwargs)
         meter.backward_done(spent)
         ins.forward_starts()
         return out
