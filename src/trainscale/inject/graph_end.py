@@ -78,14 +78,12 @@ class GraphEnd:
 
     def done(self) -> None:
         """After backward: settle the learned parameter, or fall back when the kept hook did not fire."""
-        if self.state == self.LEARN:
+        if self.state == self.LEARN:  # keep the last one's hook, now calling the mark alone
             last = self._order[-1] if self._order else None
-            for i, h in enumerate(self._handles):
-                if i != last:
-                    h.remove()
-            self._handles = [self._handles[last]] if last is not None else []
             self._params = [self._params[last]] if last is not None else []
             self.state = self.KEPT if last is not None else self.OFF
+            self._order = []
+            self.hold(True)
         if not self.fired:
             self.clock.add(time.perf_counter() - self.clock.t0)  # marked late: it holds the exchange's wait
             self.off()
@@ -98,8 +96,9 @@ class GraphEnd:
 
     def hold(self, on: bool) -> None:
         """Take the kept hook off its parameter, or put it back (a benchmark's plain and instrumented chunks)."""
-        if self.state != self.KEPT:
+        if self.state == self.LEARN:
             return
         for h in self._handles:
             h.remove()
-        self._handles = [p.register_post_accumulate_grad_hook(self._mark) for p in self._params] if on else []
+        self._handles = [p.register_post_accumulate_grad_hook(self._mark) for p in self._params] \
+            if on and self.state == self.KEPT else []
