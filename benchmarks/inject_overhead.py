@@ -12,9 +12,11 @@ accounting's block reads, tens of microseconds, count in full); its CPU time is 
 
 ``overhead_ratio``: the median over groups of (instrumented chunks' mean) / (plain chunks' mean), with its 90%
 bootstrap interval over groups (``ratio_ci90``); ``cpu_ratio`` and ``cpu_ratio_ci90`` the same for CPU time.
-Rank 0's figures (the ranks step together). Last line: one JSON object.
+Rank 0's figures (the ranks step together); ``load_avg``: the host's 1-minute load average at the start and the
+end. Last line: one JSON object. ``--count N`` counts instead what the injection adds to the training thread's
+step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept).
 
-Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on]
+Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on] [--count 200]
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ class Switch:
                     table.pop(k)
 
     def set(self, on: bool) -> None:
+        from trainscale.inject import agent
+
+        end = agent._agent.graph_end if agent._agent is not None else None
+        if end is not None and "backward" in self.only:  # the backward patch's persistent hook, switched with it
+            end.hold(on)
+        elif end is not None:
+            end.off()
         for (owner, attr), plain, patched in zip(self.points, self.plain, self.patched):
             setattr(owner, attr, patched if on else plain)
         for table, ours in zip((self.opt._global_optimizer_pre_hooks, self.opt._global_optimizer_post_hooks),
@@ -119,6 +128,57 @@ def _steps(model: Any, opt: Any, loss_fn: Any, batches: Any, n: int) -> tuple[li
     return wall, cpu
 
 
+class Tally:
+    """What the training thread does in ``n`` steps: Python calls, builtin calls by name, torch ops, memory kept.
+
+    ``sys.setprofile`` sees every Python and builtin call of this thread (clock reads and ``os.pread`` are
+    builtins); a ``TorchDispatchMode`` counts the aten ops below autograd; ``tracemalloc`` the bytes still held
+    after the steps (what the per-step records keep).
+    """
+
+    WATCH = ("perf_counter", "process_time", "thread_time", "pread", "register_hook", "queue_callback", "detach")
+
+    def __init__(self) -> None:
+        self.py = self.builtin = self.ops = 0
+        self.named = dict.fromkeys(self.WATCH, 0)
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            self.py += 1
+        elif event == "c_call":
+            self.builtin += 1
+            name = getattr(arg, "__name__", "")
+            if name in self.named:
+                self.named[name] += 1
+
+    def run(self, step: Any, n: int) -> dict[str, Any]:
+        """Per-step counts over ``n`` calls of ``step``."""
+        import tracemalloc
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tally = self
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                tally.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        tracemalloc.start()
+        held = tracemalloc.get_traced_memory()[0]
+        with Ops():
+            sys.setprofile(self._profile)
+            try:
+                step(n)
+            finally:
+                sys.setprofile(None)
+        held = tracemalloc.get_traced_memory()[0] - held
+        tracemalloc.stop()
+        per = {"python_calls": self.py / n, "builtin_calls": self.builtin / n, "aten_ops": self.ops / n,
+               "bytes_kept": held / n}
+        return {**per, **{k: v / n for k, v in self.named.items()}}
+
+
 def _endless(loader: Any, sampler: Any) -> Any:
     epoch = 0
     while True:
@@ -151,6 +211,9 @@ def worker(a: argparse.Namespace) -> None:
     for on in (True, False):  # warm both arms; the agent starts its instruments at its first boundary
         switch.set(on)
         _steps(model, opt, loss_fn, batches, 3 * a.chunk)
+    if a.count:
+        _count(a, switch, lambda n: _steps(model, opt, loss_fn, batches, n))
+        return
     arms: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     ratios, cpu_ratios = [], []
     for grp in range(a.groups):
@@ -180,6 +243,25 @@ def worker(a: argparse.Namespace) -> None:
     os._exit(0)  # the agent's end-of-run summary is not this benchmark's
 
 
+def _count(a: argparse.Namespace, switch: Switch, steps: Any) -> None:
+    """Per-step counts of the training thread's work, plain and instrumented (rank 0 prints them)."""
+    import torch.distributed as dist
+
+    arms = {"on": True, "off": False} if a.arm == "both" else {a.arm: a.arm == "on"}
+    got = {}
+    for name, on in arms.items():
+        switch.set(on)
+        steps(a.chunk)  # the step after a switch is not counted
+        got[name] = Tally().run(steps, a.count)
+    if dist.get_rank() == 0:
+        extra = {k: round(got["on"][k] - got["off"][k], 2) for k in got["on"]} if len(got) == 2 else {}
+        print(json.dumps({"benchmark": "inject_overhead_count", "steps": a.count, "per_step": got,
+                          "added_per_step": extra}), flush=True)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=120)
@@ -189,6 +271,10 @@ def main() -> None:
                    help="the per-rank accounting (schedstat reads) in the instrumented arm, as the doctor runs it: on")
     p.add_argument("--only", default=",".join(PATCHES),
                    help=f"patch groups switched, comma-separated (default all: {','.join(PATCHES)})")
+    p.add_argument("--count", type=int, default=0,
+                   help="instead of timing: count the training thread's work per step over this many steps")
+    p.add_argument("--arm", choices=("on", "off", "both"), default="both",
+                   help="with --count: the arms counted (one arm alone: for strace -c -f of the run)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -202,12 +288,16 @@ def main() -> None:
                                    + ("true" if a.accounting == "on" else "false")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
            "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
-           "--accounting", a.accounting, "--only", a.only]
+           "--accounting", a.accounting, "--only", a.only, "--count", str(a.count), "--arm", a.arm]
+    load = os.getloadavg()[0]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         sys.exit(f"inject_overhead: the run failed (exit {out.returncode}): {out.stderr[-2000:]}")
-    print(lines[-1])
+    result = json.loads(lines[-1])
+    if not a.count:  # the machine's 1-minute load average at the start and the end (a shared host's noise)
+        result["load_avg"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from inject_helpers import SCRIPTS, injected, torchrun
+from torch import nn
 
 from clitools import read_json, run_cli
+from trainscale.inject.graph_end import GraphEnd
 from trainscale.jobs import RunFailed
+from trainscale.train.instruments import ComputeClock
 
 pytestmark = pytest.mark.dist
 
@@ -111,3 +115,29 @@ def test_compute_is_not_measured_without_the_backward_hook(tmp_path, monkeypatch
     base = s["phases"]["base"]
     assert all(math.isnan(c) for c in base["rank_compute_s"]) and math.isfinite(base["step_time_s"])
     assert all(math.isnan(row[2]) for rows in base["rank_steps"] for row in rows)
+
+
+def test_the_graph_end_is_one_hook_kept_on_the_last_gradient():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    own, kept = ComputeClock(torch.device("cpu")), ComputeClock(torch.device("cpu"))
+    end = GraphEnd(kept, [SimpleNamespace(module=model)])  # a DDP's module, as the agent finds it
+    for _ in range(3):
+        own.start()
+        kept.t0 = own.t0
+        loss = model(torch.randn(4, 8)).sum()
+        own.watch(loss)  # the clock's own mark: its callback at the graph's end
+        assert end.begin()
+        loss.backward()
+        end.done()
+        assert 0 < kept.spent <= own.spent  # the last gradient is accumulated before the graph's end callback
+        own.end_step(True)
+        kept.end_step(True)
+    assert end.state == GraphEnd.KEPT and any(end.param is p for p in model[0].parameters())  # first layer: last
+    assert len(kept.times) == 3 and all(t > 0 for t in kept.times)
+    # A backward that leaves the kept parameter out is marked where it returns; the clock's own hook from then on.
+    kept.start()
+    assert end.begin()
+    model[2](torch.randn(4, 16)).sum().backward()
+    end.done()
+    assert kept.spent > 0 and end.state == GraphEnd.OFF and not end.begin()

@@ -24,7 +24,8 @@ from ..config import load_config, parse_override_args
 from ..train.instruments import Instruments, StepMode, start_accounting
 from .finish import finish_run
 from .frameworks import framework_on_stack
-from .hooks import install
+from .graph_end import GraphEnd
+from .hooks import SKIP, install
 from .syncs import SyncCounter
 
 __all__ = ["activate", "Agent", "GradMeter"]
@@ -60,27 +61,24 @@ class GradMeter:
     callback cost more in the step than the rest of the injection (``benchmarks/inject_overhead.py``).
     """
 
-    __slots__ = ("hooked", "last_gradient_s", "waits", "blocked_is_exposed", "_clock", "_spent")
+    __slots__ = ("hooked", "last_gradient_s", "waits", "blocked_is_exposed", "_clock")
 
     def __init__(self, cpu: bool, clock: Any = None):
         self.hooked, self.last_gradient_s, self.blocked_is_exposed = cpu, 0.0, False
         self.waits: list[float] = []
-        self._clock, self._spent = clock, 0.0
+        self._clock = clock
 
     def follow(self, clock: Any) -> None:
         """Read the graph's end from ``clock`` (the run's ``ComputeClock``, built after this meter)."""
         self._clock = clock
 
-    def watch(self, loss: torch.Tensor) -> None:
-        """Before backward: the clock's time so far (its graph-end mark adds to it)."""
-        if self.hooked and self._clock is not None:
-            self._spent = self._clock.spent
-
-    def backward_done(self) -> None:
-        """After backward: the graph ended at the clock's start plus what this backward added to it."""
-        if not self.hooked or self._clock is None or self._clock.spent == self._spent:
+    def backward_done(self, spent: float) -> None:
+        """After backward: the graph ended at the clock's start plus what this backward added to the clock's
+        ``spent`` (``spent``: its value before backward)."""
+        clock = self._clock
+        if not self.hooked or clock is None or clock.spent == spent:
             return  # the graph's end was not marked (no gradient flowed through the loss)
-        self.last_gradient_s = self._clock.t0 + (self._clock.spent - self._spent)
+        self.last_gradient_s = clock.t0 + (clock.spent - spent)
         self.waits.append(max(0.0, time.perf_counter() - self.last_gradient_s))
 
 
@@ -94,6 +92,7 @@ class Agent:
         self.posts = self.boundaries = 0
         self.ins: Instruments | None = None
         self.meter: GradMeter | None = None
+        self.graph_end: GraphEnd | None = None  # on CPU: the graph's end without a hook per step
         self.mode = StepMode()
         self.ddps: list[Any] = []
         self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
@@ -120,12 +119,12 @@ class Agent:
         self.phases_unrun: dict[str, str] = {}
         self.framework: dict[str, Any] = {}
 
-    # ---- the step boundary
-    def optimizer_pre(self, opt: Any) -> None:
+    # ---- the step boundary (the global optimizer hooks call these two directly: no wrapper in the step)
+    def optimizer_pre(self, opt: Any, args: Any = None, kwargs: Any = None) -> None:
         if self.ins is not None:
             self.ins.step_called()
 
-    def optimizer_post(self, opt: Any) -> None:
+    def optimizer_post(self, opt: Any, args: Any = None, kwargs: Any = None) -> None:
         """An optimizer stepped: the iteration ends when the last of the script's optimizers has (learned on the
         first repeat of one: two optimizers make one iteration; a wrapper and its inner optimizer likewise)."""
         self.posts += 1
@@ -149,7 +148,7 @@ class Agent:
         self.micro_counts.append(self.micro)
         self.sync_counts.append(self.sync_forwards)
         self.sync_forwards = 0
-        self.sync_steps.append(self.syncs.take())
+        self.sync_steps.append(self.syncs.take() if self.syncs.count else 0)
         self.samples.append(self.step_samples)
         self.step_samples = self.micro = 0
         if self.ins is None:
@@ -162,7 +161,10 @@ class Agent:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-        self._switch(self.ins.mode(done))
+        new = self.ins.mode(done)
+        if new.no_comm != self.mode.no_comm:
+            self._switch(new)
+        self.mode = new
         self.ins.forward_starts()
 
     def _start(self) -> None:
@@ -181,6 +183,9 @@ class Agent:
         self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
         self.meter.follow(self.ins.clock)
+        skipped = "graph_end" in os.environ.get(SKIP, "").split(",")
+        if self.ins.slow is None and self.ins.sleep is None and not skipped:  # else their loss hooks run: the clock's too
+            self.graph_end = GraphEnd(self.ins.clock, self.ddps)
         self.ins.loop_starts(time.perf_counter())
         self._note_unrun(self.ins.plan.names if self.ins.plan is not None else [])
         self._switch(self.ins.mode(0))
@@ -249,27 +254,38 @@ class Agent:
                 self.ins.data_wait(time.perf_counter() - t)
             if self.mode.no_data:
                 self.fixed = batch
-        self.step_samples += _batch_size(batch)
+        first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch  # (inputs, targets): no recursion
+        self.step_samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
+            else _batch_size(first)
         if self.ins is not None:
             self.ins.forward_starts()
         return batch
 
     def backward(self, original: Any, tensors: Any, args: tuple, kwargs: dict) -> Any:
-        """``torch.autograd.backward``: the compute clock's end of graph, the exchange's wait, the loss."""
+        """``torch.autograd.backward``: the compute clock's end of graph, the exchange's wait, the loss.
+
+        The loss is kept by reference (read once, at the end): a ``detach`` here would add a torch op to the step.
+        """
         loss = tensors if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1 \
             else None
-        if loss is not None:
-            self.micro += 1
-            if self.ins is not None and self.meter is not None:
-                self.ins.watch(loss)
-                self.meter.watch(loss)
-            kept = loss.detach()
-            self.loss_first = kept if self.loss_first is None else self.loss_first
-            self.loss_last = kept
-        out = original(tensors, *args, **kwargs)
-        if loss is not None and self.meter is not None and self.ins is not None:
-            self.meter.backward_done()
-            self.ins.forward_starts()
+        if loss is None:
+            return original(tensors, *args, **kwargs)
+        self.micro += 1
+        if self.loss_first is None:
+            self.loss_first = loss.detach()
+        self.loss_last = loss
+        ins, meter = self.ins, self.meter
+        if ins is None or meter is None:
+            return original(tensors, *args, **kwargs)
+        spent, end = ins.clock.spent, self.graph_end
+        if end is not None and end.begin():
+            out = original(tensors, *args, **kwargs)
+            end.done()
+        else:
+            ins.watch(loss)
+            out = original(tensors, *args, **kwargs)
+        meter.backward_done(spent)
+        ins.forward_starts()
         return out
 
     # ---- the end

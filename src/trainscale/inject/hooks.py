@@ -81,8 +81,8 @@ def _optimizer_hooks(torch: Any, agent: Any) -> str:
     post = getattr(opt, "register_optimizer_step_post_hook", None)
     if pre is None or post is None:
         return "not measured: this PyTorch has no global optimizer step hooks (torch >= 2.0 has them)"
-    pre(lambda o, args, kwargs: agent.optimizer_pre(o))
-    post(lambda o, args, kwargs: agent.optimizer_post(o))
+    pre(agent.optimizer_pre)  # bound methods with the hooks' signature: one Python call each per step
+    post(agent.optimizer_post)
     return "measured"
 
 

@@ -22,15 +22,25 @@ from typing import Any
 __all__ = ["LoadMonitor", "describe"]
 
 
+class _Seen:
+    """One outside process as sampled: its CPU seconds and its reaped children's, at first and last sight."""
+
+    __slots__ = ("name", "parent", "cpu_first", "cpu_last", "reaped_first", "reaped_last")
+
+    def __init__(self, name: str, parent: int, cpu: float, reaped: float, born_inside: bool):
+        self.name, self.parent = name, parent
+        # Born while we watched: all its CPU time is in the window (short-lived work would vanish otherwise).
+        self.cpu_first = 0.0 if born_inside else cpu
+        self.reaped_first = 0.0 if born_inside else reaped
+        self.cpu_last, self.reaped_last = cpu, reaped
+
+
 class LoadMonitor:
     """``with LoadMonitor() as m: ...`` then ``m.report()``: cores used outside this process tree, by whom."""
 
     def __init__(self, interval_s: float = 0.5, min_cores: float = 0.05):
         self.interval_s, self.min_cores = interval_s, min_cores
-        self._first: dict[int, tuple[float, str]] = {}  # pid -> (cpu s at first sight, name)
-        self._last: dict[int, float] = {}
-        self._reaped: dict[int, tuple[float, float]] = {}  # pid -> CPU s of its reaped children, first and last
-        self._parent: dict[int, int] = {}  # pid -> its parent's pid, as first seen
+        self._seen: dict[int, _Seen] = {}  # pid -> what was sampled of it (parent as first seen)
         self._alive: set[int] = set()  # pids seen in the last sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,14 +79,12 @@ class LoadMonitor:
             t = info["cpu_times"]
             cpu = t.user + t.system
             reaped = getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-            if info["pid"] not in self._first:
-                # Born while we watched: all its CPU time is in the window (short-lived work would vanish otherwise).
-                born_inside = (info["create_time"] or 0) > self.wall_t0
-                self._first[info["pid"]] = (0.0 if born_inside else cpu, info["name"] or "?")
-                self._reaped[info["pid"]] = (0.0 if born_inside else reaped, reaped)
-                self._parent[info["pid"]] = info["ppid"] or 0
-            self._last[info["pid"]] = cpu
-            self._reaped[info["pid"]] = (self._reaped[info["pid"]][0], reaped)
+            seen = self._seen.get(info["pid"])
+            if seen is None:
+                self._seen[info["pid"]] = _Seen(info["name"] or "?", info["ppid"] or 0, cpu, reaped,
+                                                (info["create_time"] or 0) > self.wall_t0)
+            else:
+                seen.cpu_last, seen.reaped_last = cpu, reaped
             alive.add(info["pid"])
         self._alive = alive
 
@@ -109,10 +117,10 @@ class LoadMonitor:
     def _owner(self, pid: int) -> int:
         """The pid itself while it runs, else its nearest ancestor seen running in the last sample (else itself)."""
         at, seen = pid, set()
-        while at not in self._alive and at in self._parent and at not in seen:
+        while at not in self._alive and at in self._seen and at not in seen:
             seen.add(at)
-            at = self._parent[at]
-        return at if at in self._alive and at in self._first else pid
+            at = self._seen[at].parent
+        return at if at in self._alive and at in self._seen else pid
 
     def report(self) -> dict[str, Any]:
         """``{"cores": outside load in cores, "machine_cores": N, "top": [{pid, name, cores, ended}],
@@ -121,10 +129,10 @@ class LoadMonitor:
         wall = max(1e-9, (self.t1 or time.monotonic()) - self.t0)
         by: dict[int, dict[str, Any]] = {}
         ended_cpu: dict[int, float] = {}  # owner -> CPU s sampled of the processes it started that ended
-        for pid, (first, _) in self._first.items():
+        for pid, seen in self._seen.items():
             owner = self._owner(pid)
-            row = by.setdefault(owner, {"pid": owner, "name": self._first[owner][1], "cores": 0.0, "ended": 0})
-            cpu = self._last.get(pid, first) - first
+            row = by.setdefault(owner, {"pid": owner, "name": self._seen[owner].name, "cores": 0.0, "ended": 0})
+            cpu = seen.cpu_last - seen.cpu_first
             if owner == pid:
                 row["cores"] += cpu / wall
             else:
@@ -132,8 +140,8 @@ class LoadMonitor:
                 ended_cpu[owner] = ended_cpu.get(owner, 0.0) + cpu
         for owner, row in by.items():
             if owner in self._alive:  # what it reaped counts whole; the samples of what it started, at least
-                first, last = self._reaped[owner]
-                row["cores"] += max(last - first, ended_cpu.get(owner, 0.0)) / wall
+                reaped = self._seen[owner].reaped_last - self._seen[owner].reaped_first
+                row["cores"] += max(reaped, ended_cpu.get(owner, 0.0)) / wall
             else:
                 row["cores"] += ended_cpu.get(owner, 0.0) / wall
         rows = sorted(by.values(), key=lambda r: -r["cores"])
