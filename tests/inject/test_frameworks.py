@@ -54,9 +54,11 @@ def test_doctor_names_a_slow_collate_in_each_framework(tmp_path, script):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", ["ddp_train.py", *FRAMEWORKS])
 def test_doctor_names_a_slow_rank_in_each_framework(tmp_path, script):
-    # A forward long enough that 3x of it stands above a shared 2-core machine's noise (width 512: 1.5 ms a step).
-    wide = [] if script == "hf_train.py" else ["--width", "1024"]
-    doc = _doctor(tmp_path, script, ["--slow-rank", "1", *wide])
+    # A forward long enough that 3x of it stands above a shared 2-core machine's noise: at width 1024 and batch 64
+    # the forward takes 1.3 ms alone, and its 3x (2.6 ms) drowned in the noise of a host with a core busy outside.
+    # Batch 512 (12.6 ms alone; the exchange unchanged) and the tiny GPT-2 at batch 16 (9.2 ms) add 18-25 ms.
+    big = ["--batch-size", "16"] if script == "hf_train.py" else ["--width", "1024", "--batch-size", "512"]
+    doc = _doctor(tmp_path, script, ["--slow-rank", "1", *big])
     # A neighbour that took the cores meanwhile may rank above it, named by its processes: the machine's truth.
     top = [c for c in doc["causes"] if c["significant"] and not outside_load(c)]
     assert top and top[0]["name"] == "straggler" and top[0]["rank"] == 1, doc["causes"]
