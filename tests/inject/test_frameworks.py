@@ -6,6 +6,8 @@ batch makes the step shorter); the doctor's verdicts per framework and fault in 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from inject_helpers import OFFLINE, SCRIPTS, false_claims, injected, outside_load
 
@@ -63,6 +65,10 @@ def test_doctor_names_a_slow_rank_in_each_framework(tmp_path, script):
     top = [c for c in doc["causes"] if c["significant"] and not outside_load(c)]
     assert top and top[0]["name"] == "straggler" and top[0]["rank"] == 1, doc["causes"]
     assert "rank 1" in top[0]["evidence"]
+    # Rank 1 computes longer without the exchange too: the others' wait for it in the framework's own collective
+    # before the forward (the HF Trainer gathers each batch's token count) is not compute of theirs.
+    no_comm = [r["rank_compute_s"] for r in doc["runs"] if r["experiment"] == "no_comm" and r["nproc"] == 2]
+    assert statistics.median(c[1] - c[0] for c in no_comm) > 0, no_comm
 
 
 @pytest.mark.full
