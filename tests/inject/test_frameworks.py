@@ -6,6 +6,8 @@ batch makes the step shorter); the doctor's verdicts per framework and fault in 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from inject_helpers import OFFLINE, SCRIPTS, false_claims, injected, outside_load
 
@@ -54,13 +56,19 @@ def test_doctor_names_a_slow_collate_in_each_framework(tmp_path, script):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", ["ddp_train.py", *FRAMEWORKS])
 def test_doctor_names_a_slow_rank_in_each_framework(tmp_path, script):
-    # A forward long enough that 3x of it stands above a shared 2-core machine's noise (width 512: 1.5 ms a step).
-    wide = [] if script == "hf_train.py" else ["--width", "1024"]
-    doc = _doctor(tmp_path, script, ["--slow-rank", "1", *wide])
+    # A forward long enough that 3x of it stands above a shared 2-core machine's noise: at width 1024 and batch 64
+    # the forward takes 1.3 ms alone, and its 3x (2.6 ms) drowned in the noise of a host with a core busy outside.
+    # Batch 512 (12.6 ms alone; the exchange unchanged) and the tiny GPT-2 at batch 16 (9.2 ms) add 18-25 ms.
+    big = ["--batch-size", "16"] if script == "hf_train.py" else ["--width", "1024", "--batch-size", "512"]
+    doc = _doctor(tmp_path, script, ["--slow-rank", "1", *big])
     # A neighbour that took the cores meanwhile may rank above it, named by its processes: the machine's truth.
     top = [c for c in doc["causes"] if c["significant"] and not outside_load(c)]
     assert top and top[0]["name"] == "straggler" and top[0]["rank"] == 1, doc["causes"]
     assert "rank 1" in top[0]["evidence"]
+    # Rank 1 computes longer without the exchange too: the others' wait for it in the framework's own collective
+    # before the forward (the HF Trainer gathers each batch's token count) is not compute of theirs.
+    no_comm = [r["rank_compute_s"] for r in doc["runs"] if r["experiment"] == "no_comm" and r["nproc"] == 2]
+    assert statistics.median(c[1] - c[0] for c in no_comm) > 0, no_comm
 
 
 @pytest.mark.full

@@ -227,6 +227,8 @@ class Agent:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
         elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
             self.sync_forwards += 1
+        if self.ins is not None:  # compute starts with the model: a wait in the framework's collective before it is none
+            self.ins.forward_starts()
 
     def graph_walk(self, seconds: float) -> None:
         self.walk_s += seconds

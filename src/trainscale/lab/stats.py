@@ -103,12 +103,7 @@ def critical_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None
         runq = [step_runq(row, backend, b) for row, b in zip(rows, arrivals_behind(rows))]
         if all(math.isfinite(v) for v in runq):
             steps.append((int(ranks[0][i][Col.CYCLE]), max(runq)))
-    if not steps:
-        return float("nan")
-    w = weights if weights is not None else {c: 1 for c, _ in steps}
-    drawn = [(w.get(c, 0), v) for c, v in steps if w.get(c, 0)]
-    total = sum(k for k, _ in drawn)
-    return sum(k * v for k, v in drawn) / total if total else float("nan")
+    return _cycle_mean(steps, weights)
 
 
 def rank_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = None) -> list[float]:
@@ -118,14 +113,15 @@ def rank_runq(ranks: list[list[list[float]]], weights: dict[int, int] | None = N
     others' (``contention.cpu_contention`` caps what it takes out of the straggler with it). NaN for a rank
     without the column (no schedstat, an older summary).
     """
-    out = []
-    for rows in ranks:
-        w = weights if weights is not None else {int(r[Col.CYCLE]): 1 for r in rows}
-        drawn = [(w.get(int(r[Col.CYCLE]), 0), cell(r, Col.RUNQ_MAIN)) for r in rows]
-        drawn = [(k, v) for k, v in drawn if k and math.isfinite(v)]
-        total = sum(k for k, _ in drawn)
-        out.append(sum(k * v for k, v in drawn) / total if total else float("nan"))
-    return out
+    return [_cycle_mean([(int(r[Col.CYCLE]), cell(r, Col.RUNQ_MAIN)) for r in rows], weights) for rows in ranks]
+
+
+def _cycle_mean(values: list[tuple[int, float]], weights: dict[int, int] | None = None) -> float:
+    """Mean of per-step ``(cycle, value)`` pairs, each counted as often as a bootstrap replicate drew its cycle
+    (``weights``; None: every cycle once); non-finite values are left out. NaN when nothing is left."""
+    drawn = [(1 if weights is None else weights.get(c, 0), v) for c, v in values if math.isfinite(v)]
+    total = sum(k for k, _ in drawn)
+    return sum(k * v for k, v in drawn) / total if total else float("nan")
 
 
 def critical_data_wait(ranks: list[list[list[float]]]) -> float:
