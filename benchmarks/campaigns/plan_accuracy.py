@@ -59,6 +59,16 @@ def _forecast(name: str, p: int, path: Path, interference: bool) -> tuple[Point,
     return f, cal, load.report()
 
 
+def _by_thread(summary: dict) -> dict[str, float]:
+    """The ranks' mean CPU seconds per step per thread class (main, backend, loader, ...) from the run's accounting."""
+    ranks = (summary.get("accounting") or {}).get("ranks") or []
+    out: dict[str, float] = {}
+    for r in ranks:
+        for k, v in (r.get("cpu_s") or {}).items():
+            out[k] = out.get(k, 0.0) + float(v) / len(ranks)
+    return out
+
+
 def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
     """Calibrate, measure ``name`` on ``p`` processes, calibrate again: the two forecasts bracket the measurement.
 
@@ -90,6 +100,8 @@ def _one(name: str, p: int, tmp: Path, r: int, interference: bool) -> dict:
             "core_share": cal.share.get(str(p)),
             # DDP's reducer, measured beside the bare 1-process step and added at P > 1 (sim/reducer.py)
             "reducer_cpu": reducer, "f_cpu": one["cpu_s"] + reducer + gloo,
+            # what the skeleton (which anchors the forecast) used per step, and the run's CPU per thread class
+            "sk_cpu": max(cal.replay.get(str(p), {}).get("rank_cpu_s") or [0.0]), "m_cpu_threads": _by_thread(s),
             "inflation": [c.inflation.get(str(p), {}).get("factor") for c in (cal, cal_after)],
             "outside_cores_cal": cal_load["cores"], "outside_cores_run": run_load.report()["cores"],
             "loadavg_1m": psutil.getloadavg()[0]}
@@ -113,7 +125,8 @@ def _case(name: str, p: int, runs: list[dict]) -> dict:
             "spread_forecast": round((max(r5("forecast")) - min(r5("forecast"))) / f, 3),
             "spread_measured": round((max(r5("measured")) - min(r5("measured"))) / m, 3),
             **{k: r5(k) for k in ("forecast_before", "forecast_after", "skeleton", "f_compute", "f_comm", "f_bound", "m_compute", "m_cpu", "single_cpu", "single_wall",
-                                  "single_wall_after", "core_share", "reducer_cpu", "f_cpu", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")}}
+                                  "single_wall_after", "core_share", "reducer_cpu", "f_cpu", "sk_cpu", "inflation", "outside_cores_cal", "outside_cores_run", "loadavg_1m")},
+            "m_cpu_threads": [{k: round(v, 6) for k, v in x["m_cpu_threads"].items()} for x in runs]}
 
 
 def main() -> None:

@@ -182,9 +182,17 @@ def _fitted(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _replayed(step: dict[str, Any], layout: dict[str, Any], sk: dict[str, Any], threads: int) -> dict[str, Any]:
-    """A skeleton's measured step with what it replayed (the calibration's ``replay`` entry)."""
+    """A skeleton's measured step with what it replayed (the calibration's ``replay`` entry).
+
+    ``exchange_cpu_s``: a rank's CPU seconds per step beyond what it spun (its threads each spin ``spin_cpu_s``):
+    Gloo's work on the buckets as the job's step paces them, with the threads' waking and waiting for a peer,
+    which a burst of all-reduces (the probe's per-call CPU fit) keeps awake and so does not pay.
+    """
+    spin = sk["cpu_s"] + sk["rest_cpu_s"]
+    cpus = [float(c) for c in step.get("rank_cpu_s") or []]
+    paced = max(0.0, sum(cpus) / len(cpus) - spin * threads) if cpus else None
     return {**step, "bucket_mb": layout["bucket_mb"], "overlap": layout["overlap"], "buckets": len(sk["buckets"]),
-            "threads": threads, "spin_cpu_s": sk["cpu_s"] + sk["rest_cpu_s"]}
+            "threads": threads, "spin_cpu_s": spin, "exchange_cpu_s": paced}
 
 
 def _said(say: Callable[[str], None], f: dict[str, Any], rest: str, what: str = "") -> None:

@@ -127,8 +127,9 @@ def _spin_share(seconds: float) -> float:
     return (time.process_time() - c0) / (time.perf_counter() - t0)
 
 
-def _skeleton(sk: dict, steps: int, budget_s: float, exchange: Exchange = _flat) -> list[float]:
-    """Wall seconds of each step of the job's skeleton on this rank, step end to step end, after four warm-up steps.
+def _skeleton(sk: dict, steps: int, budget_s: float, exchange: Exchange = _flat) -> tuple[list[float], float]:
+    """Wall seconds of each step of the job's skeleton on this rank, step end to step end, after four warm-up steps,
+    and this process's CPU seconds per step over them (all threads: the spin and Gloo's, as the job's step pays it).
 
     ``sk``: ``cpu_s`` (this thread's CPU seconds of forward + backward), ``rest_cpu_s`` (optimizer and loop,
     after the exchange), ``backward_share``, ``buckets`` (bytes, in backward order), ``ready`` (each bucket's
@@ -172,12 +173,12 @@ def _skeleton(sk: dict, steps: int, budget_s: float, exchange: Exchange = _flat)
         one_step()
     n = _agreed_reps((time.perf_counter() - t0) / 4, budget_s)
     n = max(8, min(steps, n))
-    ends = [time.perf_counter()]
+    ends, c0 = [time.perf_counter()], time.process_time()
     for _ in range(n):
         one_step()
         ends.append(time.perf_counter())
     # Step to step, as the job's loop times it: a rank's wait for a late peer is in its step.
-    return [b - a for a, b in zip(ends, ends[1:])]
+    return [b - a for a, b in zip(ends, ends[1:])], (time.process_time() - c0) / n
 
 
 def _sizes(sizes: list[int], budget_s: float, exchange: Exchange = _flat) -> dict[str, list[list[float]]]:
@@ -196,10 +197,12 @@ def _sizes(sizes: list[int], budget_s: float, exchange: Exchange = _flat) -> dic
 
 def _skeleton_step(sk: dict, steps: int, budget_s: float, exchange: Exchange = _flat) -> dict:
     """The skeleton's step on every rank; the job's is its slowest rank's median (synchronised ranks)."""
-    times = _skeleton(sk, steps, budget_s, exchange)
+    times, cpu = _skeleton(sk, steps, budget_s, exchange)
     medians: list[float] = [0.0] * dist.get_world_size()  # all_gather_object fills every entry
     dist.all_gather_object(medians, statistics.median(times))
-    return {"step_s": max(medians), "rank_step_s": medians, "steps": len(times)}
+    cpus: list[float] = [0.0] * dist.get_world_size()
+    dist.all_gather_object(cpus, cpu)
+    return {"step_s": max(medians), "rank_step_s": medians, "steps": len(times), "rank_cpu_s": cpus}
 
 
 def main(argv: list[str] | None = None) -> None:
