@@ -34,8 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     "jobs": {"config", "schema", "train_options", "distributed", "reporting", "inject"},
     # An unmodified script instrumented from outside: feeds train's instruments, writes the run summary.
     "inject": {"config", "schema", "distributed", "reporting", "train.instruments"},
-    # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do.
-    "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data"},
+    # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do;
+    # strategies/distributed: the reducer's measurement wraps the job's model in the job's own DDP.
+    "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data", "strategies", "distributed"},
     "ps": {"config", "models", "data", "costs", "reporting", "jobs"},
     # The lab on several nodes: node 0 announces each run through jobs' launch hook; the others follow.
     "nodes": {"config", "distributed", "jobs", "reporting"},

@@ -48,18 +48,15 @@ def _batch(train_args: list[str]) -> tuple[Any, Any, Any, Any]:
 
 
 def _wrapped(model: Any, strategy: Any) -> Any:
-    """``model`` in DDP as the job wraps it (``strategies.ddp.apply_ddp``: its bucket size, buffer broadcast and
-    bucket views; tests/sim/test_reducer.py holds the two alike) on the process group of one this process holds;
-    ``auto`` buckets take DDP's default, as the skeleton does."""
-    import inspect
+    """``model`` in DDP as the job wraps it (``strategies.ddp.apply_ddp``) on the process group of one this
+    process holds; ``auto`` buckets take DDP's default, as the skeleton does."""
+    import torch
 
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ..distributed.env import DistEnv
+    from ..strategies.ddp import apply_ddp
 
-    buffers = bool(strategy.broadcast_buffers)
-    kw: dict[str, Any] = {"forward_sync_buffers": buffers} if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters \
-        else {"broadcast_buffers": buffers}  # renamed in torch 2.13
-    bucket = 25.0 if strategy.bucket_mb == "auto" else float(strategy.bucket_mb)
-    return DDP(model, bucket_cap_mb=bucket, gradient_as_bucket_view=True, **kw)
+    env = DistEnv(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", "", torch.get_num_threads())
+    return apply_ddp(model, env, strategy, 25.0 if strategy.bucket_mb == "auto" else None)
 
 
 def _block(step: Any, steps: int) -> tuple[list[float], list[float]]:
