@@ -36,6 +36,7 @@ from .doctor_report import print_result, write_plots, write_report
 from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
 from .plans import DoctorPlan, thread_candidates
+from .script_advice import cannot_apply, for_script, script_context
 from .setup_causes import setup_causes
 from .stats import job_step_time, median
 from .suggest import context_from_config
@@ -144,12 +145,18 @@ def main(argv: list[str]) -> int:
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
         def analysed(**kw: Any) -> dict[str, Any]:
-            return analyse(runs, world, {**context_from_config(cfg), "external": load.report()}, args.min_share,
-                           args.min_step_share, **kw)
+            script_ctx = _script_context(runs, world)
+            ctx = script_ctx or context_from_config(cfg)
+            res = analyse(runs, world, {**ctx, "external": load.report()}, args.min_share, args.min_step_share, **kw)
+            if script_ctx:  # a script trainscale did not write: advice in its own code, nothing to --apply
+                for_script(res, script_ctx)
+            return res
         try:
             doc.update(_diagnose(lab, plan, runs, phased, analysed))
             doc["result"] = True
-            if args.apply:
+            if args.apply and _script_context(runs, world):
+                doc["apply"] = cannot_apply(doc, script)
+            elif args.apply:
                 lab.expect(2 * doc["repeats"])
                 doc["apply"] = _apply(lab, doc, runs, n, doc["repeats"], phased)
         except RunFailed as e:
@@ -165,6 +172,12 @@ def main(argv: list[str]) -> int:
         print_result(doc)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _script_context(runs: dict[tuple[str, int], list[dict[str, Any]]], world: int) -> dict[str, Any] | None:
+    """The advice's context from the N-process runs of a script instrumented from outside; None on the run API."""
+    base = runs.get(("base", world)) or []
+    return script_context(base[0]) if base and base[0].get("injected") else None
 
 
 def _injected(doc: dict[str, Any], runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]],

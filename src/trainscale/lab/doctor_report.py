@@ -216,6 +216,10 @@ def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
     if top["apply_flags"] and not (doc.get("apply") or {}).get("decision"):
         blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
                             "processes, the size of the part it removes; --apply runs the change and measures it."))
+    elif doc.get("injected"):  # a change to the user's own code: trainscale cannot make it, only size it
+        blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
+                            "processes, the size of the part it removes (measured by taking that part out); make "
+                            "the change in your script and run the doctor again to measure it."))
     return blocks
 
 
@@ -286,7 +290,7 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     if res:
         blocks += _result_blocks(res)
     if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
-        blocks += [("h2", "Applied"), ("p", doc["apply"]["text"])]
+        blocks += [("h2", "Not applied" if doc["apply"].get("not_applied") else "Applied"), ("p", doc["apply"]["text"])]
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
     blocks += [("h2", "How to read this"),
@@ -326,6 +330,7 @@ def print_result(doc: dict[str, Any]) -> None:
     for row in _what_if_rows(doc):
         console.print(f"what-if {row[0]} ({row[1]}): {row[2]}, {row[3]}", markup=False, highlight=False)
     if doc.get("apply"):
-        console.print(f"applied: {doc['apply']['text']}", highlight=False)
+        lead = "" if doc["apply"].get("not_applied") else "applied: "
+        console.print(f"{lead}{doc['apply']['text']}", markup=False, highlight=False)
     for line in (doc.get("injected") or {}).get("lines", []):  # a script as it is: what ran, what its setup costs
         console.print(line, markup=False, highlight=False)
