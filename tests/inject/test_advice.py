@@ -21,6 +21,7 @@ from trainscale.lab.script_advice import (
     script_advice,
     script_context,
 )
+from trainscale.lab.setup_causes import setup_causes
 from trainscale.lab.suggest import suggest
 
 # What only a run on trainscale's run API understands: never advice for a script that ignores it.
@@ -87,6 +88,13 @@ def test_a_default_bucket_exchange_is_advised_to_happen_less_often():
     assert "Trainer(accumulate_grad_batches=2)" in script_advice({"name": "communication"}, lightning, 2)
 
 
+def test_a_bucket_cap_below_ddps_default_is_a_setup_cause():
+    row = next(r for r in setup_causes(_summary("Lightning Fabric"), 0.01) if r["name"] == "bucket_size")
+    assert "bucket_cap_mb is 0.01" in row["evidence"] and "in 3 all-reduces per exchange" in row["evidence"]
+    assert row["advice"].endswith("Fabric(strategy=DDPStrategy(bucket_cap_mb=25))")
+    assert not setup_causes(_summary(cap_bytes=25 * 2**20, sizes=[40960, 9216]), 0.01)  # DDP's default: no cause
+
+
 def test_input_advice_counts_the_scripts_own_workers():
     s = _summary()
     s["injected"]["setup"]["loader_workers"] = 3
@@ -140,6 +148,8 @@ def test_doctor_on_an_untuned_script_speaks_of_its_own_code(tmp_path):
     comm = next(c for c in doc["causes"] if c["name"] == "communication")
     assert f"in {buckets} bucket(s) (bucket_cap_mb 0.01)" in comm["evidence"] and "None" not in comm["evidence"]
     assert "DistributedDataParallel(model, bucket_cap_mb=25)" in comm["suggestion"]
+    setup = {c["name"]: c for c in doc["injected"]["setup_causes"]}
+    assert "bucket_cap_mb is 0.01" in setup["bucket_size"]["evidence"]
     bad = [t for t in _advice_lines(doc) if RUN_API_ONLY.search(t)]
     assert bad == []
     first_screen = (out / "doctor.md").read_text().split("## How to read this")[0]

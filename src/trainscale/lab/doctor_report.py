@@ -273,7 +273,9 @@ def _result_blocks(res: dict[str, Any]) -> list[tuple]:
 
 def write_report(out: Path, doc: dict[str, Any]) -> None:
     res = doc if doc.get("result") else None
-    job = (" ".join(doc["config"]["script"]) if doc["config"].get("script") else
+    given = doc["config"].get("command_as_given")
+    job = (shlex.join(given) if doc.get("injected") and given else  # the user's own command, launcher and all
+           " ".join(doc["config"]["script"]) if doc["config"].get("script") else
            "trainscale train " + " ".join(doc["config"]["train_args"]))
     blocks: list[tuple] = _headline(doc) if res else []
     blocks.append(("p", f"Job: {job} ; 1 vs {doc['config']['nproc']} processes with "

@@ -21,7 +21,7 @@ from .decomposition import what_if
 from .suggest import suggest
 
 __all__ = ["script_context", "exchange_facts", "exchange_text", "exchange_advice", "input_advice", "script_advice",
-           "for_script", "cannot_apply"]
+           "for_script", "cannot_apply", "bucket_change", "small_buckets"]
 
 DDP_DEFAULT_CAP_MB = 25.0  # DistributedDataParallel(bucket_cap_mb=25) unless the script sets it
 LATENCY_BOUND_BYTES = 1e6  # gradients per step below which an exchange costs its latency rather than its bytes
@@ -130,14 +130,23 @@ def _accumulate(ctx: dict[str, Any], k: int = 2) -> str:
     return _in(_ACCUMULATE, ctx.get("framework", ""), _ACCUMULATE["PyTorch"], k=k)
 
 
+def bucket_change(framework: str, mb: float = DDP_DEFAULT_CAP_MB) -> str:
+    """Where ``framework`` takes DDP's bucket size, set to ``mb``."""
+    return _in(_BUCKET, framework, _BUCKET["PyTorch"], mb=f"{mb:g}")
+
+
+def small_buckets(ctx: dict[str, Any]) -> bool:
+    """Whether the script's DDP splits its gradients into several buckets under a cap below DDP's default."""
+    cap, buckets = ctx.get("bucket_mb"), ctx.get("buckets")
+    return isinstance(cap, (int, float)) and cap < DDP_DEFAULT_CAP_MB and (buckets or 0) > 1
+
+
 def exchange_advice(ctx: dict[str, Any]) -> str:
     """DDP's exchange: fuse small buckets, else exchange less often or over more samples, in the script's terms."""
-    fw, cap, buckets = ctx.get("framework", ""), ctx.get("bucket_mb"), ctx.get("buckets")
     grads = ctx.get("gradient_bytes")
-    if isinstance(cap, (int, float)) and cap < DDP_DEFAULT_CAP_MB and (buckets or 0) > 1:
-        return (f"fuse the gradients into fewer, larger all-reduces: "
-                f"{_in(_BUCKET, fw, _BUCKET['PyTorch'], mb=f'{DDP_DEFAULT_CAP_MB:g}')} (now bucket_cap_mb {cap:.3g}: "
-                f"{buckets} buckets, each all-reduce paying its latency)")
+    if small_buckets(ctx):
+        return (f"fuse the gradients into fewer, larger all-reduces: {bucket_change(ctx.get('framework', ''))} (now "
+                f"bucket_cap_mb {ctx['bucket_mb']:.3g}: {ctx['buckets']} buckets, each all-reduce paying its latency)")
     why = (f"{_size(grads)} of gradients per step is latency-bound, so " if isinstance(grads, (int, float))
            and 0 < grads < LATENCY_BOUND_BYTES else "")
     return (f"{why}exchange less often: accumulate gradients over 2 micro-batches ({_accumulate(ctx)}), or amortise "
@@ -218,12 +227,13 @@ def _bottleneck_advice(b: dict[str, Any], ctx: dict[str, Any]) -> str:
     if name == "cpu_contention":
         return f"the ranks' threads wait for a free core: {_cores_text()} and move other work off the machine"
     if name == "compute":
-        amp = _in(_AMP, ctx.get("framework", ""), "torch.autocast(device_type, dtype=torch.bfloat16) around the "
-                  "forward and the loss")
-        device = "GPU" if ctx.get("device") == "cuda" else "CPU"
-        return (f"the step is the model's own work on the {device} ({shares.get('compute', math.nan):.0%}): the "
-                f"processes scale it; to make each step cheaper use bf16 mixed precision where it is not on yet "
-                f"({amp}), torch.compile, or amortise the per-step work over {_batch(ctx)}")
+        gpu = ctx.get("device") == "cuda"
+        # On a CPU, bf16 is emulated on most cores and slower than fp32: offered on a GPU only.
+        amp = (" bf16 mixed precision where it is not on yet (" + _in(_AMP, ctx.get("framework", ""), "torch.autocast("
+               "'cuda', dtype=torch.bfloat16) around the forward and the loss") + ")," if gpu else "")
+        return (f"the step is the model's own work on the {'GPU' if gpu else 'CPU'} "
+                f"({shares.get('compute', math.nan):.0%}): the processes scale it; to make each step cheaper use{amp} "
+                f"torch.compile, or amortise the per-step work over {_batch(ctx)}")
     return str(b.get("advice") or "")  # waiting_for_peers: a rank named, no option of trainscale's
 
 
