@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
     p.add_argument("--repeat", type=int, default=3, help="runs at each size (default 3); a cause must show in every one")
     p.add_argument("--out", default="runs/doctor", help="folder for doctor.json, doctor.md/html and plots")
-    p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain")
+    p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain (a script not on the run API: "
+                                           "names the change to make in it instead)")
     p.add_argument("--quick", action="store_true",
                    help="first-level experiments only (input, communication, compute, stragglers): no sleep test, "
                         "profiles or thread trials")

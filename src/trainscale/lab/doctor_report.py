@@ -306,13 +306,21 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
                      "zero), undecided (large enough to matter, too noisy to tell: more repeats or a longer --budget "
                      "may decide it), no "
                      "(below the minimum share of the loss). How much its size varies between repeats is in the "
-                     "per-repeat column. --apply adopts a change only when the 90% interval of its throughput gain "
-                     "(repeats and cycles resampled) lies above zero."),
+                     "per-repeat column. " + _apply_rule(doc)),
                ("h2", "Runs"),
                ("p", "Each run's folder (runs/<name>/) keeps its metrics.jsonl; runs/<name>.json is its summary "
                      "and runs/<name>.log its output."),
                ("pre", "\n".join(dict.fromkeys(r["command"] for r in doc["runs"])))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
+
+
+def _apply_rule(doc: dict[str, Any]) -> str:
+    """How --apply decides, or, on a script instrumented from outside, that its changes are the user's to make."""
+    if doc.get("injected"):
+        return ("Every change advised here is to your script's own code: trainscale cannot make it (--apply does "
+                "not run), and a part's size is what removing that part saved, the most its fix can give.")
+    return ("--apply adopts a change only when the 90% interval of its throughput gain (repeats and cycles "
+            "resampled) lies above zero.")
 
 
 def print_result(doc: dict[str, Any]) -> None:
