@@ -216,10 +216,12 @@ def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
     if top["apply_flags"] and not (doc.get("apply") or {}).get("decision"):
         blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
                             "processes, the size of the part it removes; --apply runs the change and measures it."))
-    elif doc.get("injected"):  # a change to the user's own code: trainscale cannot make it, only size it
-        blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
-                            "processes, the size of the part it removes (measured by taking that part out); make "
-                            "the change in your script and run the doctor again to measure it."))
+    elif doc.get("injected"):  # a change to the user's own code or machine: trainscale cannot make it, only size it
+        loss = doc["scaling_loss_s"]
+        gain = min(top["seconds_per_step"], loss) if math.isfinite(loss) and loss > 0 else top["seconds_per_step"]
+        blocks.append(("p", f"What it gives: up to {gain * 1e3:.3f} ms/step at {doc.get('nproc')} processes, the size "
+                            "of the part it removes (never more than the whole scaling loss); trainscale cannot make "
+                            "this change for you: make it, then run the doctor again to measure it."))
     return blocks
 
 

@@ -46,7 +46,7 @@ _LOADER = {"Hugging Face Trainer": "TrainingArguments(dataloader_num_workers={w}
                                    "dataloader_prefetch_factor=4{pin})"}
 _AMP = {"Hugging Face Trainer": "TrainingArguments(bf16=True)", "Lightning Trainer": 'Trainer(precision="bf16-mixed")',
         "Lightning Fabric": 'Fabric(precision="bf16-mixed")', "accelerate": 'Accelerator(mixed_precision="bf16")'}
-_THREADS = "torch.set_num_threads({t}) at the top of the script (or OMP_NUM_THREADS={t} in the launch's environment)"
+_THREADS = "torch.set_num_threads({t}) in the script or OMP_NUM_THREADS={t} in its environment"
 
 
 def _num(v: Any) -> float | None:
@@ -256,7 +256,7 @@ def cannot_apply(result: dict[str, Any], script: list[str] | None) -> dict[str, 
     """``--apply`` on a script trainscale did not write: the one line that says so and names the change to make."""
     top = next((c for c in result.get("causes") or [] if c.get("significant")), None)
     where = " ".join(script or []) or "your script"
-    change = (f"make the change for {top['name']} in it yourself and run the doctor again to measure it: "
+    change = (f"the change for {top['name']} is yours to make, then run the doctor again to measure it: "
               f"{top['suggestion']}" if top else "no cause is clear above the noise, so there is no change to make")
     return {"cause": None, "not_applied": True,
             "text": f"--apply cannot change a script trainscale did not write ({where}): {change}"}
