@@ -146,7 +146,7 @@ def _buckets(data: Any) -> dict[str, Any]:
     ``avg_backward_*`` are DDP's own timings of the iterations it samples (ns); None where this PyTorch lacks them.
     """
     if not isinstance(data, dict):
-        return {"bucket_sizes_bytes": None, "gradient_bytes": None, "overlap_frac": None}
+        return {"bucket_sizes_bytes": None, "gradient_bytes": None, "overlap_frac": None, "comm_s": None}
     sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
     comm, both = data.get("avg_backward_comm_time"), data.get("avg_backward_compute_comm_overlap_time")
     timed = isinstance(comm, (int, float)) and comm > 0 and isinstance(both, (int, float))
@@ -154,7 +154,7 @@ def _buckets(data: Any) -> dict[str, Any]:
     return {"bucket_sizes_bytes": [int(x) for x in sizes.split(",") if x.strip().isdigit()] if isinstance(sizes, str)
             else None,
             "gradient_bytes": data.get("total_parameter_size_bytes"),
-            "overlap_frac": overlap}
+            "overlap_frac": overlap, "comm_s": comm / 1e9 if timed and comm else None}
 
 
 def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:

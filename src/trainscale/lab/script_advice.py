@@ -61,12 +61,13 @@ def exchange_facts(summary: dict[str, Any]) -> dict[str, Any]:
     grads = [_num(d.get("gradient_bytes")) for d in ddp]
     caps = [_num(d.get("bucket_bytes")) for d in ddp]
     overlap = [_num(d.get("overlap_frac")) for d in ddp]
+    comm = [_num(d.get("comm_s")) for d in ddp]
     return {"instances": len(ddp),
             "cap_mb": caps[0] / 2**20 if caps and caps[0] is not None else None,
             "buckets": sum(len(s) for s in sizes) if sizes and all(sizes) else None,
             "gradient_bytes": sum(g for g in grads if g is not None) if grads and all(g is not None for g in grads)
             else None,
-            "overlap_frac": overlap[0] if len(overlap) == 1 else None,
+            "overlap_frac": overlap[0] if len(overlap) == 1 else None, "comm_s": comm[0] if len(comm) == 1 else None,
             "exchanges": _num(setup.get("exchanges_per_step")), "micro": _num(setup.get("micro_batches_per_step")),
             "calls": _num(summary.get("allreduce_calls_per_step"))}
 
@@ -89,7 +90,10 @@ def exchange_text(summary: dict[str, Any]) -> str:
         parts.append(f" (bucket_cap_mb {f['cap_mb']:.3g}{default})")
     if f["calls"] is not None:
         parts.append(f", {f['calls']:g} all-reduce call(s) per optimizer step")
-    if f["overlap_frac"] is not None:
+    if f["comm_s"] is not None and f["overlap_frac"] is not None:  # DDP's own clock, on the iterations it samples
+        parts.append(f"; DDP timed its all-reduces at {f['comm_s'] * 1e3:.2f} ms per backward, "
+                     f"{f['overlap_frac']:.0%} of that overlapping backward compute (on the iterations it samples)")
+    elif f["overlap_frac"] is not None:
         parts.append(f"; DDP measured {f['overlap_frac']:.0%} of its all-reduce time overlapping backward compute")
     return "".join(parts)
 
