@@ -49,7 +49,7 @@ def _summary(framework: str = "PyTorch", cap_bytes: int = 10485, sizes: list[int
 def test_the_exchange_is_named_from_the_scripts_own_ddp():
     text = exchange_text(_summary())
     assert "3 bucket(s)" in text and "bucket_cap_mb 0.01" in text and "51.98 KB" not in text
-    assert "52.0 KB of gradients" in text and "all-reduces at 1.20 ms per backward, 25% of that overlapping" in text
+    assert "52.0 KB of gradients" in text and "all-reduces took 1.20 ms per backward, 25% of that overlapping" in text
     assert "None" not in text
     default = exchange_text(_summary(cap_bytes=25 * 2**20, sizes=[52000], overlap=None))
     assert "bucket_cap_mb 25, DDP's default" in default and "1 bucket(s)" in default

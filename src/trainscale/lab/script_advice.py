@@ -90,9 +90,11 @@ def exchange_text(summary: dict[str, Any]) -> str:
         parts.append(f" (bucket_cap_mb {f['cap_mb']:.3g}{default})")
     if f["calls"] is not None:
         parts.append(f", {f['calls']:g} all-reduce call(s) per optimizer step")
-    if f["comm_s"] is not None and f["overlap_frac"] is not None:  # DDP's own clock, on the iterations it samples
-        parts.append(f"; DDP timed its all-reduces at {f['comm_s'] * 1e3:.2f} ms per backward, "
-                     f"{f['overlap_frac']:.0%} of that overlapping backward compute (on the iterations it samples)")
+    if f["comm_s"] is not None and f["overlap_frac"] is not None:
+        # DDP times only the iterations it samples (its first 10, then every 100th): warm-up weighs on the mean.
+        parts.append(f"; DDP's own clock: its all-reduces took {f['comm_s'] * 1e3:.2f} ms per backward, "
+                     f"{f['overlap_frac']:.0%} of that overlapping backward compute (its first 10 iterations, then "
+                     "every 100th, warm-up included)")
     elif f["overlap_frac"] is not None:
         parts.append(f"; DDP measured {f['overlap_frac']:.0%} of its all-reduce time overlapping backward compute")
     return "".join(parts)
