@@ -84,6 +84,7 @@ def _apply(lab: Lab, res: dict[str, Any], runs: dict[tuple[str, int], list[dict[
     top = next((c for c in res["causes"] if c["significant"] and c["apply_flags"]), None)
     if top is None:
         return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
+    lab.expect(2 * repeat)
     flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
     # Measured as before (the base phase of phased runs), so before and after are alike.
     after = [lab.run("applied", n, [*phased, *flags], r, True)["base"] for r in range(repeat)]
@@ -146,20 +147,13 @@ def main(argv: list[str]) -> int:
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
         def analysed(**kw: Any) -> dict[str, Any]:
-            script_ctx = _script_context(runs, world)
-            ctx = script_ctx or context_from_config(cfg)
-            res = analyse(runs, world, {**ctx, "external": load.report()}, args.min_share, args.min_step_share, **kw)
-            if script_ctx:  # a script trainscale did not write: advice in its own code, nothing to --apply
-                for_script(res, script_ctx)
-            return res
+            return _analysed(runs, world, cfg, {"external": load.report()}, args, **kw)
         try:
             doc.update(_diagnose(lab, plan, runs, phased, analysed))
             doc["result"] = True
-            if args.apply and _script_context(runs, world):
-                doc["apply"] = cannot_apply(doc, script)
-            elif args.apply:
-                lab.expect(2 * doc["repeats"])
-                doc["apply"] = _apply(lab, doc, runs, n, doc["repeats"], phased)
+            if args.apply:  # a script trainscale did not write: it names the change instead of trying flags
+                doc["apply"] = (cannot_apply(doc, script) if _script_context(runs, world) else
+                                _apply(lab, doc, runs, n, doc["repeats"], phased))
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
@@ -173,6 +167,18 @@ def main(argv: list[str]) -> int:
         print_result(doc)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _analysed(runs: dict[tuple[str, int], list[dict[str, Any]]], world: int, cfg: Any, extra: dict[str, Any],
+              args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
+    """The analysis of ``runs`` so far, its advice in the terms of the job it ran: the run API's options, or the
+    script's own code when trainscale instrumented it from outside."""
+    script_ctx = _script_context(runs, world)
+    res = analyse(runs, world, {**(script_ctx or context_from_config(cfg)), **extra}, args.min_share,
+                  args.min_step_share, **kw)
+    if script_ctx:
+        for_script(res, script_ctx)
+    return res
 
 
 def _script_context(runs: dict[tuple[str, int], list[dict[str, Any]]], world: int) -> dict[str, Any] | None:

@@ -50,6 +50,7 @@ _THREADS = "torch.set_num_threads({t}) in the script or OMP_NUM_THREADS={t} in i
 
 
 def _num(v: Any) -> float | None:
+    """``v`` as a finite float, else None (a bool, a string, NaN or a missing value)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
@@ -73,6 +74,7 @@ def exchange_facts(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _size(nbytes: float) -> str:
+    """Bytes as KB or MB with the precision the evidence lines use."""
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.1f} KB"
 
 
@@ -121,6 +123,7 @@ def script_context(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _in(table: dict[str, str], fw: str, default: str, **kw: Any) -> str:
+    """``fw``'s wording from ``table`` (plain PyTorch's ``default`` otherwise), filled in."""
     return table.get(fw, default).format(**kw)
 
 
@@ -133,6 +136,7 @@ def _batch(ctx: dict[str, Any]) -> str:
 
 
 def _accumulate(ctx: dict[str, Any], k: int = 2) -> str:
+    """Gradient accumulation over ``k`` micro-batches, exchanging only on the last, in the script's framework."""
     return _in(_ACCUMULATE, ctx.get("framework", ""), _ACCUMULATE["PyTorch"], k=k)
 
 
@@ -175,6 +179,7 @@ def input_advice(ctx: dict[str, Any], competes: bool = False) -> str:
 
 
 def _cores_text() -> str:
+    """Cores of its own for each process, with the script's own thread setting."""
     return (f"give each process cores of its own ({_THREADS.format(t='T')} so that processes x T + loader workers "
             "<= cores; taskset -c / numactl)")
 
