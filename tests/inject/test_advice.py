@@ -101,6 +101,8 @@ def test_input_advice_counts_the_scripts_own_workers():
     s["injected"]["setup"]["loader_workers"] = 3
     text = script_advice({"name": "input"}, script_context(s), 2)
     assert "num_workers=6" in text and "now 3 worker(s)" in text and "pin_memory" not in text  # a CPU job
+    competes = script_advice({"name": "input", "loader_competes": True}, script_context(s), 2)
+    assert "more loader workers would take more" in competes and not RUN_API_ONLY.search(competes)
 
 
 def test_for_script_rewrites_every_suggestion_and_leaves_nothing_to_apply():
