@@ -137,7 +137,24 @@ def _ddp_facts(ddp: Any) -> dict[str, Any]:
             facts["logging_data"] = f"not available ({type(e).__name__})"
     else:
         facts["logging_data"] = "not available in this PyTorch"
-    return facts
+    return {**facts, **_buckets(facts["logging_data"])}
+
+
+def _buckets(data: Any) -> dict[str, Any]:
+    """DDP's buckets as its logging data gives them: sizes (after its rebuild), gradient bytes, measured overlap.
+
+    ``avg_backward_*`` are DDP's own timings of the iterations it samples (ns); None where this PyTorch lacks them.
+    """
+    if not isinstance(data, dict):
+        return {"bucket_sizes_bytes": None, "gradient_bytes": None, "overlap_frac": None, "comm_s": None}
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    comm, both = data.get("avg_backward_comm_time"), data.get("avg_backward_compute_comm_overlap_time")
+    timed = isinstance(comm, (int, float)) and comm > 0 and isinstance(both, (int, float))
+    overlap = min(1.0, both / comm) if timed and comm and both is not None else None
+    return {"bucket_sizes_bytes": [int(x) for x in sizes.split(",") if x.strip().isdigit()] if isinstance(sizes, str)
+            else None,
+            "gradient_bytes": data.get("total_parameter_size_bytes"),
+            "overlap_frac": overlap, "comm_s": comm / 1e9 if timed and comm else None}
 
 
 def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,6 +172,7 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     wall = time.perf_counter() - agent.t_start
     fw = agent.framework
     ddp = per_rank[0]["ddp"]
+    setup = _setup(agent, per_rank[0])
     return {
         "schema_version": SCHEMA_VERSION, "versions": versions(),
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -169,6 +187,7 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "data_wait_frac": sum(ins.waits) / total if total else float("nan"),
         "loss_first": statistics.fmean(x[0] for x in losses), "loss_last": statistics.fmean(x[1] for x in losses),
         "bucket_mb": (ddp[0]["bucket_bytes"] or 0) / 2**20 if ddp else 0.0,
+        "allreduce_calls_per_step": _calls(ddp, setup["exchanges_per_step"]),
         "threads": per_rank[0]["threads"],
         "ablate": {"comm": False, "data": False, "compute": "none"},
         "phases": merge_phase_stats([s.phases for s in stats], global_batch, origin) if ins.plan else None,
@@ -179,9 +198,17 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "slow_rank": -1, "slow_factor": 1.0, "stragglers": [],
         "wall_s": wall, "config": config_to_dict(agent.cfg), "loss_curve": [],
         **ins.summary(),
-        "injected": {"framework": fw, "setup": _setup(agent, per_rank[0]), "ddp": ddp, "measurements": per_rank[0]["status"],
+        "injected": {"framework": fw, "setup": setup, "ddp": ddp, "measurements": per_rank[0]["status"],
                      "experiments_not_run": agent.phases_unrun, "argv": list(sys.argv)},
     }
+
+
+def _calls(ddp: list[dict[str, Any]], exchanges: int) -> int | None:
+    """All-reduce launches per optimizer step: one per bucket of each DDP instance and exchange (None: unknown)."""
+    buckets = [d.get("bucket_sizes_bytes") for d in ddp]
+    if not ddp or not all(buckets):
+        return None
+    return sum(len(b or []) for b in buckets) * max(1, exchanges)
 
 
 def backend_now(device: torch.device) -> str:

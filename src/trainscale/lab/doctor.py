@@ -36,6 +36,7 @@ from .doctor_report import print_result, write_plots, write_report
 from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
 from .plans import DoctorPlan, thread_candidates
+from .script_advice import cannot_apply, for_script, script_context
 from .setup_causes import setup_causes
 from .stats import job_step_time, median
 from .suggest import context_from_config
@@ -55,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=2, help="processes N compared with 1 (default 2)")
     p.add_argument("--repeat", type=int, default=3, help="runs at each size (default 3); a cause must show in every one")
     p.add_argument("--out", default="runs/doctor", help="folder for doctor.json, doctor.md/html and plots")
-    p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain")
+    p.add_argument("--apply", action="store_true", help="re-run with the top suggestion and measure the gain (a script not on the run API: "
+                                           "names the change to make in it instead)")
     p.add_argument("--quick", action="store_true",
                    help="first-level experiments only (input, communication, compute, stragglers): no sleep test, "
                         "profiles or thread trials")
@@ -82,6 +84,7 @@ def _apply(lab: Lab, res: dict[str, Any], runs: dict[tuple[str, int], list[dict[
     top = next((c for c in res["causes"] if c["significant"] and c["apply_flags"]), None)
     if top is None:
         return {"text": "no significant cause with a flag to change: nothing applied", "cause": None}
+    lab.expect(2 * repeat)
     flags = [x for k, v in top["apply_flags"].items() for x in (f"--{k}", v)]
     # Measured as before (the base phase of phased runs), so before and after are alike.
     after = [lab.run("applied", n, [*phased, *flags], r, True)["base"] for r in range(repeat)]
@@ -144,14 +147,13 @@ def main(argv: list[str]) -> int:
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
         def analysed(**kw: Any) -> dict[str, Any]:
-            return analyse(runs, world, {**context_from_config(cfg), "external": load.report()}, args.min_share,
-                           args.min_step_share, **kw)
+            return _analysed(runs, world, cfg, {"external": load.report()}, args, **kw)
         try:
             doc.update(_diagnose(lab, plan, runs, phased, analysed))
             doc["result"] = True
-            if args.apply:
-                lab.expect(2 * doc["repeats"])
-                doc["apply"] = _apply(lab, doc, runs, n, doc["repeats"], phased)
+            if args.apply:  # a script trainscale did not write: it names the change instead of trying flags
+                doc["apply"] = (cannot_apply(doc, script) if _script_context(runs, world) else
+                                _apply(lab, doc, runs, n, doc["repeats"], phased))
         except RunFailed as e:
             doc["error"] = {"message": f"{e.spec.label} failed: {e.detail}", "command": e.spec.shell()}
         doc["runs"] = lab.log
@@ -165,6 +167,24 @@ def main(argv: list[str]) -> int:
         print_result(doc)
     console.print(f"wrote {out / 'doctor.json'}, {out / 'doctor.md'}, {out / 'doctor.html'}")
     return _exit_code(doc)
+
+
+def _analysed(runs: dict[tuple[str, int], list[dict[str, Any]]], world: int, cfg: Any, extra: dict[str, Any],
+              args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
+    """The analysis of ``runs`` so far, its advice in the terms of the job it ran: the run API's options, or the
+    script's own code when trainscale instrumented it from outside."""
+    script_ctx = _script_context(runs, world)
+    res = analyse(runs, world, {**(script_ctx or context_from_config(cfg)), **extra}, args.min_share,
+                  args.min_step_share, **kw)
+    if script_ctx:
+        for_script(res, script_ctx)
+    return res
+
+
+def _script_context(runs: dict[tuple[str, int], list[dict[str, Any]]], world: int) -> dict[str, Any] | None:
+    """The advice's context from the N-process runs of a script instrumented from outside; None on the run API."""
+    base = runs.get(("base", world)) or []
+    return script_context(base[0]) if base and base[0].get("injected") else None
 
 
 def _injected(doc: dict[str, Any], runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[dict[str, Any]],

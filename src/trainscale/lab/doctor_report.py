@@ -216,6 +216,12 @@ def _scaling_headline(doc: dict[str, Any]) -> list[tuple]:
     if top["apply_flags"] and not (doc.get("apply") or {}).get("decision"):
         blocks.append(("p", f"What it gives: up to {top['seconds_per_step'] * 1e3:.3f} ms/step at {doc.get('nproc')} "
                             "processes, the size of the part it removes; --apply runs the change and measures it."))
+    elif doc.get("injected"):  # a change to the user's own code or machine: trainscale cannot make it, only size it
+        loss = doc["scaling_loss_s"]
+        gain = min(top["seconds_per_step"], loss) if math.isfinite(loss) and loss > 0 else top["seconds_per_step"]
+        blocks.append(("p", f"What it gives: up to {gain * 1e3:.3f} ms/step at {doc.get('nproc')} processes, the size "
+                            "of the part it removes (never more than the whole scaling loss); trainscale cannot make "
+                            "this change for you: make it, then run the doctor again to measure it."))
     return blocks
 
 
@@ -269,7 +275,9 @@ def _result_blocks(res: dict[str, Any]) -> list[tuple]:
 
 def write_report(out: Path, doc: dict[str, Any]) -> None:
     res = doc if doc.get("result") else None
-    job = (" ".join(doc["config"]["script"]) if doc["config"].get("script") else
+    given = doc["config"].get("command_as_given")
+    job = (shlex.join(given) if doc.get("injected") and given else  # the user's own command, launcher and all
+           " ".join(doc["config"]["script"]) if doc["config"].get("script") else
            "trainscale train " + " ".join(doc["config"]["train_args"]))
     blocks: list[tuple] = _headline(doc) if res else []
     blocks.append(("p", f"Job: {job} ; 1 vs {doc['config']['nproc']} processes with "
@@ -286,7 +294,7 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     if res:
         blocks += _result_blocks(res)
     if doc.get("apply") and not doc["apply"].get("decision"):  # a decision is told at the top
-        blocks += [("h2", "Applied"), ("p", doc["apply"]["text"])]
+        blocks += [("h2", "Not applied" if doc["apply"].get("not_applied") else "Applied"), ("p", doc["apply"]["text"])]
     if doc.get("error"):
         blocks += [("h2", "Stopped by a failed run"), ("p", doc["error"]["message"]), ("pre", doc["error"]["command"])]
     blocks += [("h2", "How to read this"),
@@ -300,13 +308,21 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
                      "zero), undecided (large enough to matter, too noisy to tell: more repeats or a longer --budget "
                      "may decide it), no "
                      "(below the minimum share of the loss). How much its size varies between repeats is in the "
-                     "per-repeat column. --apply adopts a change only when the 90% interval of its throughput gain "
-                     "(repeats and cycles resampled) lies above zero."),
+                     "per-repeat column. " + _apply_rule(doc)),
                ("h2", "Runs"),
                ("p", "Each run's folder (runs/<name>/) keeps its metrics.jsonl; runs/<name>.json is its summary "
                      "and runs/<name>.log its output."),
                ("pre", "\n".join(dict.fromkeys(r["command"] for r in doc["runs"])))]
     write_reports(out, "doctor", "trainscale doctor", blocks)
+
+
+def _apply_rule(doc: dict[str, Any]) -> str:
+    """How --apply decides, or, on a script instrumented from outside, that its changes are the user's to make."""
+    if doc.get("injected"):
+        return ("Every change advised here is to your script's own code: trainscale cannot make it (--apply does "
+                "not run), and a part's size is what removing that part saved, the most its fix can give.")
+    return ("--apply adopts a change only when the 90% interval of its throughput gain (repeats and cycles "
+            "resampled) lies above zero.")
 
 
 def print_result(doc: dict[str, Any]) -> None:
@@ -326,6 +342,7 @@ def print_result(doc: dict[str, Any]) -> None:
     for row in _what_if_rows(doc):
         console.print(f"what-if {row[0]} ({row[1]}): {row[2]}, {row[3]}", markup=False, highlight=False)
     if doc.get("apply"):
-        console.print(f"applied: {doc['apply']['text']}", highlight=False)
+        lead = "" if doc["apply"].get("not_applied") else "applied: "
+        console.print(f"{lead}{doc['apply']['text']}", markup=False, highlight=False)
     for line in (doc.get("injected") or {}).get("lines", []):  # a script as it is: what ran, what its setup costs
         console.print(line, markup=False, highlight=False)

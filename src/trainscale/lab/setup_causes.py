@@ -1,7 +1,8 @@
 """Configuration causes of a script instrumented from outside: what its setup costs, measured where it can be.
 
 Pure code over one run summary's ``injected`` facts (counted on rank 0 by ``trainscale.inject``): DDP's
-``find_unused_parameters`` (its graph walk after every forward, timed), gradient accumulation that exchanges on
+``find_unused_parameters`` (its graph walk after every forward, timed), a bucket cap below DDP's default
+(more all-reduces than the gradients need), gradient accumulation that exchanges on
 every micro-batch (forwards whose backward all-reduces, counted per optimizer step), more compute threads
 than cores (intra-op threads and loader workers per process), host syncs per step (counted on a GPU) and one
 rank serving the data (accelerate's dispatcher). Each is a row with its measured seconds per step
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from .script_advice import bucket_change, script_context, small_buckets
 
 __all__ = ["setup_causes"]
 
@@ -43,6 +46,8 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
     rows = []
     if ddp and ddp[0].get("find_unused_parameters"):
         rows.append(_find_unused(ddp[0], setup, fw, step_time_n_s))
+    if ddp and small_buckets(ctx := script_context(summary)):
+        rows.append(_buckets(ctx, fw))
     micro, exchanges = setup.get("micro_batches_per_step") or 1, setup.get("exchanges_per_step") or 0
     if ddp and micro > 1 and exchanges >= micro:
         rows.append({"name": "exchange_every_micro_batch", "seconds_per_step": None,
@@ -74,6 +79,15 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
                      "advice": f"give each process at most {max(1, cores // procs)} threads in all: OMP_NUM_THREADS="
                                f"{max(1, cores // procs - workers)}, DataLoader(num_workers=...) within the rest"})
     return rows
+
+
+def _buckets(ctx: dict[str, Any], fw: str) -> dict[str, Any]:
+    """A bucket cap below DDP's default: more all-reduces per step than the gradients need, each paying latency."""
+    return {"name": "bucket_size", "seconds_per_step": None,
+            "evidence": f"DDP's bucket_cap_mb is {ctx['bucket_mb']:.3g} (DDP's default is 25): the gradients travel "
+                        f"in {ctx['buckets']} all-reduces per exchange, each paying the collective's latency; their "
+                        "cost is in the communication term the no_comm experiment measures",
+            "advice": f"fuse them into fewer, larger all-reduces: {bucket_change(fw)}"}
 
 
 def _find_unused(ddp: dict[str, Any], setup: dict[str, Any], fw: str, step_s: float) -> dict[str, Any]:

@@ -182,6 +182,10 @@ def _exchange_evidence(base_n: dict[str, Any], t: dict[tuple[str, int], list[flo
     saved = (f"{ms(median(t['no_data', n]) - median(t['no_comm', n]))} ms/step at {n} processes vs "
              f"{ms(median(t['no_data', 1]) - median(t['no_comm', 1]))} ms at 1")
     f = base_n.get("fsdp")
+    if base_n.get("injected"):  # a script's own DDP: what its logging data says, the run API's fields unset
+        from .script_advice import exchange_text
+
+        return f"{exchange_text(base_n)}; removing gradient exchange saves {saved}"
     if not f:
         return (f"{base_n.get('allreduce_calls_per_step')} all-reduce call(s) per step (bucket_mb "
                 f"{base_n.get('bucket_mb')}, overlap {base_n.get('overlap')}); removing gradient exchange saves {saved}")
