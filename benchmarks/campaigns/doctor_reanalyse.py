@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 
 from trainscale.config import Config, apply_overrides
+from trainscale.lab.advice.suggest import context_from_config
 from trainscale.lab.analysis import analyse
 from trainscale.lab.experiments import phase_parts
-from trainscale.lab.suggest import context_from_config
 
 
 def _nproc(f: Path) -> int:

@@ -14,15 +14,15 @@ import pytest
 from inject_helpers import SCRIPTS
 
 from clitools import read_json, run_cli
-from trainscale.lab.script_advice import (
+from trainscale.lab.advice.script import (
     cannot_apply,
     exchange_text,
     for_script,
     script_advice,
     script_context,
 )
-from trainscale.lab.setup_causes import setup_causes
-from trainscale.lab.suggest import suggest
+from trainscale.lab.advice.setup import setup_causes
+from trainscale.lab.advice.suggest import suggest
 
 # What only a run on trainscale's run API understands: never advice for a script that ignores it.
 RUN_API_ONLY = re.compile(r"--strategy\.|--data\.|--job\.|--optim\.|--batch-size|TRAINSCALE_ARGS|trainscale launch")

@@ -9,7 +9,7 @@ import pytest
 from inject_helpers import injected
 
 from trainscale.inject.syncs import NOT_ON_CPU, SyncCounter
-from trainscale.lab.setup_causes import setup_causes
+from trainscale.lab.advice.setup import setup_causes
 
 pytestmark = pytest.mark.dist
 

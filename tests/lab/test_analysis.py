@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from trainscale.lab.advice.suggest import suggest
 from trainscale.lab.analysis import analyse, op_excess
-from trainscale.lab.suggest import suggest
 
 CTX = {"bucket_mb": 25.0, "overlap": True, "workers": 0, "batch_size": 32, "slow_rank": -1, "sample_delay_ms": 0,
        "strategy_fields": [], "data_fields": []}

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from trainscale.lab.advice.suggest import context_from_config
 from trainscale.lab.analysis import analyse
 from trainscale.lab.invariants import ADDITIVE, violations
-from trainscale.lab.suggest import context_from_config
 from trainscale.train.cli import parse
 
 FIXTURE = Path(__file__).parent / "data" / "membw_doctor_runs.json.gz"

@@ -23,8 +23,8 @@ import statistics
 from typing import Any
 
 from ..schema import Col, cell
+from .advice.suggest import suggest
 from .stats import arrivals_behind, job_step_time, step_runq
-from .suggest import suggest
 
 __all__ = ["PARTS", "step_shares", "bottleneck", "outside_load"]
 

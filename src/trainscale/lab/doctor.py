@@ -30,16 +30,16 @@ from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
 from ..reporting.console import console, err_console
 from ..schema import PHASES
+from .advice.script import cannot_apply, for_script, script_context
+from .advice.setup import setup_causes
+from .advice.suggest import context_from_config
 from .analysis import CONFIGS, analyse
 from .common import cores, machine_description
 from .doctor_report import print_result, write_plots, write_report
 from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
 from .plans import DoctorPlan, thread_candidates
-from .script_advice import cannot_apply, for_script, script_context
-from .setup_causes import setup_causes
 from .stats import job_step_time, median
-from .suggest import context_from_config
 from .verdict import adopt_verdict
 
 __all__ = ["main"]

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schema import PHASES, Col, cell
+from .advice.suggest import suggest
 from .causes import Runs, make_cause, ms, term
 from .contention import cpu_contention, external_load
 from .stats import critical_data_wait, job_step_time, max_rank_gap, median, median_se, rank_gap_se
-from .suggest import suggest
 
 __all__ = ["CONFIGS", "COMM_OPS", "op_excess", "measure", "measured_exchange"]
 
@@ -183,7 +183,7 @@ def _exchange_evidence(base_n: dict[str, Any], t: dict[tuple[str, int], list[flo
              f"{ms(median(t['no_data', 1]) - median(t['no_comm', 1]))} ms at 1")
     f = base_n.get("fsdp")
     if base_n.get("injected"):  # a script's own DDP: what its logging data says, the run API's fields unset
-        from .script_advice import exchange_text
+        from .advice.script import exchange_text
 
         return f"{exchange_text(base_n)}; removing gradient exchange saves {saved}"
     if not f:

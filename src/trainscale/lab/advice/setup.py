@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .script_advice import bucket_change, script_context, small_buckets
+from .script import bucket_change, script_context, small_buckets
 
 __all__ = ["setup_causes"]
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .decomposition import what_if
-from .suggest import suggest
+from ..decomposition import what_if
+from .suggest import LATENCY_BOUND_BYTES, suggest
 
 __all__ = ["script_context", "exchange_facts", "exchange_text", "exchange_advice", "input_advice", "script_advice",
            "for_script", "cannot_apply", "bucket_change", "small_buckets"]
 
 DDP_DEFAULT_CAP_MB = 25.0  # DistributedDataParallel(bucket_cap_mb=25) unless the script sets it
-LATENCY_BOUND_BYTES = 1e6  # gradients per step below which an exchange costs its latency rather than its bytes
 
 # Where each framework takes a setting (the driver's name, as ``trainscale.inject.frameworks`` reports it);
 # plain PyTorch's wording is the default.
