@@ -74,3 +74,6 @@ def test_a_run_api_job_records_no_framework_collectives_and_its_causes_are_uncha
 def test_the_per_rank_figure_is_a_median_over_cycles_of_cycle_means():
     rows = [[0, 0.001], [0, 0.003], [1, 0.002], [1, 0.002], [2, 0.050], [2, 0.050]]  # a hiccup block
     assert framework_collectives_s({"rank_framework_collective_steps": [rows]}) == pytest.approx(0.002)
+    # A bootstrap replicate counts each cycle as often as it was drawn.
+    assert framework_collectives_s({"rank_framework_collective_steps": [rows]}, {0: 2, 2: 1}) == pytest.approx(0.002)
+    assert framework_collectives_s({"rank_framework_collective_steps": [rows]}, {2: 2, 1: 1}) == pytest.approx(0.050)

@@ -134,13 +134,14 @@ def critical_data_wait(ranks: list[list[list[float]]]) -> float:
     return sum(waits) / len(waits) if waits else float("nan")
 
 
-def framework_collectives_s(part: dict[str, Any]) -> float:
+def framework_collectives_s(part: dict[str, Any], weights: dict[int, int] | None = None) -> float:
     """Seconds a step of this phase held the job in the framework's own collectives outside DDP; 0 where none ran.
 
     Each rank's blocked seconds (``rank_framework_collective_steps``: [cycle, s] per timed step) are the median
     over cycles of each cycle's mean, like its step time. The rank that waits least in them is the one the others
     wait for: its seconds are the collectives' own cost plus each step's wait for whichever rank came last that
     step, which is what they add to the job's step; a rank slower on every step (a straggler) is not in them.
+    ``weights``: a bootstrap replicate's cycles (cycle -> times drawn).
     """
     per_rank = []
     for rows in part.get("rank_framework_collective_steps") or []:
@@ -148,8 +149,9 @@ def framework_collectives_s(part: dict[str, Any]) -> float:
         for c, v in rows:
             if v is not None and math.isfinite(v):
                 blocks.setdefault(int(c), []).append(v)
-        if blocks:
-            per_rank.append(statistics.median(statistics.fmean(b) for b in blocks.values()))
+        drawn = [statistics.fmean(b) for c, b in blocks.items() for _ in range(1 if weights is None else weights.get(c, 0))]
+        if drawn:
+            per_rank.append(statistics.median(drawn))
     return min(per_rank) if per_rank else 0.0
 
 

@@ -128,7 +128,8 @@ class _Terms:
         gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]] for c in PHASES}
         loss_r = [x - y for x, y in zip(t["base", n], t["base", 1])]
         loss, noise, low = term(loss_r, [se["base", 1], se["base", n]])
-        own = {k: [framework_collectives_s(s) for s in runs[("no_comm", k)][:R]] for k in (1, n)}
+        own = {k: [s.get("framework_collectives_s", framework_collectives_s(s)) for s in runs[("no_comm", k)][:R]]
+               for k in (1, n)}
         return cls(runs, n, R, t, se, gap, loss_r, loss, noise, low, [a - b for a, b in zip(own[n], own[1])])
 
     def g(self, phase: str) -> list[float]:
