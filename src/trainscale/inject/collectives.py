@@ -41,7 +41,7 @@ class CollectiveTimer:
 
         timer = CollectiveTimer()
         ...a step that calls torch.distributed.all_reduce once...
-        timer.step_done(ins, mode, 5)     # rows: [(mode's phase, seconds, 1)] once step 5 is past ins.warm
+        timer.step_done(ins, mode, 5)     # rows: [(phase, cycle, seconds, 1)] once step 5 is past ins.warm
     """
 
     __slots__ = ("seconds", "calls", "depth", "counts", "rows", "clock")
@@ -49,8 +49,8 @@ class CollectiveTimer:
     def __init__(self) -> None:
         self.seconds, self.calls, self.depth = 0.0, 0, 0
         self.counts = [0] * len(FUNCTIONS)  # calls per function over the measured steps
-        self.rows: list[tuple[str | None, int, float, int]] = []  # per measured step: (phase when timed, cycle,
-        # seconds, calls)
+        # per measured step: (its phase when timed, its cycle, seconds, calls)
+        self.rows: list[tuple[str | None, int, float, int]] = []
         self.clock: Any = None  # the run's ComputeClock on CPU (its mark moves past a wait), else None
 
     def wrap(self, index: int, fn: Any) -> Any:
