@@ -17,6 +17,9 @@ pytestmark = pytest.mark.dist
 
 FRAMEWORKS = {"accelerate_train.py": "accelerate", "fabric_train.py": "Lightning Fabric",
               "lightning_train.py": "Lightning Trainer", "hf_train.py": "Hugging Face Trainer"}
+# The framework's own collectives outside DDP each step (timed by the agent, counted as communication): the Trainer
+# gathers each batch's token count, Lightning's loop broadcasts rank 0's SIGTERM flag; accelerate and Fabric none.
+OWN = {"hf_train.py": "all_gather", "lightning_train.py": "broadcast"}
 # Five blocks of each phase, alternating: a burst of load on a shared host falls on both phases alike.
 PHASED = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "4", "--steps", "43"]
 
@@ -32,6 +35,9 @@ def test_the_loop_is_found_and_its_input_measured(tmp_path, script):
     assert base["measured_steps"] > 0 and no_data["measured_steps"] > 0
     assert base["data_wait_frac"] > 2 * no_data["data_wait_frac"]
     assert base["step_time_s"] > no_data["step_time_s"]  # the planted collate: one batch kept is faster
+    own = s["framework_collectives"]["calls_per_step"]
+    assert 1.0 <= own.get(OWN[script], 0) < 1.5 if script in OWN else sum(own.values()) < 0.1, own
+    assert len(s["rank_framework_collective_s"]) == 2 and base["rank_framework_collective_steps"]
 
 
 def _doctor(tmp_path, script, args):

@@ -22,6 +22,7 @@ import torch
 
 from ..config import load_config, parse_override_args
 from ..train.instruments import Instruments, StepMode, start_accounting
+from .collectives import CollectiveTimer
 from .finish import finish_run
 from .frameworks import framework_on_stack
 from .graph_end import GraphEnd
@@ -106,6 +107,7 @@ class Agent:
         self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
         self.workers: int | None = None  # the first loader's worker processes
         self.syncs = SyncCounter()
+        self.collectives = CollectiveTimer()  # the framework's own collectives outside DDP, per step
         self.sync_steps: list[int] = []  # host syncs per iteration (on a GPU)
         self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
         self.loss_first: Any = None
@@ -145,6 +147,7 @@ class Agent:
     def boundary(self) -> None:
         """One iteration ended: time it, switch the next one's experiment, stop when the run has its steps."""
         self.boundaries += 1
+        self.collectives.step_done(self.ins, self.mode, self.boundaries - 1)
         self.micro_counts.append(self.micro)
         self.sync_counts.append(self.sync_forwards)
         self.sync_forwards = 0

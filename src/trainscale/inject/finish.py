@@ -24,6 +24,7 @@ from ..config import config_to_dict
 from ..reporting.stats import median_interdecile
 from ..schema import SCHEMA_VERSION, write_summary
 from ..train.instruments import merge_accounting, merge_phase_stats, write_trace
+from .collectives import add_to_summary
 
 __all__ = ["connect_store", "finish_run", "backend_now", "NO_STEP"]
 
@@ -64,7 +65,7 @@ def finish_run(agent: Any) -> None:
     local = {"stats": ins.local_stats(), "loss": _losses(agent), "status": agent.status,
              "ddp": [_ddp_facts(d) for d in agent.ddps], "samples": _median(agent.samples[1:]),
              "micro": _median(agent.micro_counts[1:]), "threads": torch.get_num_threads(),
-             "timeline": ins.timeline_rows()}
+             "timeline": ins.timeline_rows(), "collectives": agent.collectives.local()}
     if agent.store is not None and agent.world > 1:
         agent.store.set(_key(agent.rank), pickle.dumps(local))
         if agent.rank != 0:
@@ -74,6 +75,7 @@ def finish_run(agent: Any) -> None:
         per_rank = [local]
     if agent.rank == 0 and agent.json_path:
         summary = build_summary(agent, per_rank)
+        add_to_summary(summary, [r.get("collectives") for r in per_rank])
         if not agent.status.get("backward", "").startswith("measured"):
             _compute_not_measured(summary)
         if ins.timeline is not None:

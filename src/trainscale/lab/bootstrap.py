@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..schema import PHASES, Col
-from .stats import block_step_time, critical_runq, rank_runq, sync_wait
+from .stats import block_step_time, critical_runq, framework_collectives_s, rank_runq, sync_wait
 
 __all__ = ["resample_runs", "block_times", "interval", "verdict", "outlier_count", "throughput", "PHASE_KEYS"]
 
@@ -50,7 +50,8 @@ def _resampled_part(part: dict[str, Any], weights: Counter | None) -> dict[str, 
         comps.append(statistics.median(c) if c else float("nan"))
     return {**part, "rank_step_time_s": steps, "rank_compute_s": comps, "step_time_s": steps[0],
             "sync_wait_s": sync_wait(ranks, weights), "runq_crit_s": critical_runq(ranks, weights),
-            "runq_main_crit_s": critical_runq(ranks, weights, backend=False), "rank_runq_main_s": rank_runq(ranks, weights)}
+            "runq_main_crit_s": critical_runq(ranks, weights, backend=False), "rank_runq_main_s": rank_runq(ranks, weights),
+            "framework_collectives_s": framework_collectives_s(part, weights)}
 
 
 def block_times(runs: Runs) -> Runs:

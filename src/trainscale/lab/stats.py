@@ -10,7 +10,8 @@ from ..reporting.stats import Interval, mean_interval, median, rel_range
 from ..schema import Col, cell
 
 __all__ = ["median", "rel_range", "job_step_time", "median_se", "max_rank_gap", "rank_gap_se", "Interval",
-           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind", "rank_runq"]
+           "mean_interval", "sync_wait", "critical_runq", "critical_data_wait", "arrivals_behind", "rank_runq",
+           "framework_collectives_s"]
 
 # A step longer than this many times its phase's median counts as this many. A shared disk or a prefetching
 # loader makes a cost come in bursts (here 2-4x the median, one step in three); a VM's hiccup is 10-50x.
@@ -131,6 +132,27 @@ def critical_data_wait(ranks: list[list[list[float]]]) -> float:
     waits = [max(cell(rows[i], Col.DATA_WAIT) for rows in ranks) for i in range(n)
              if all(math.isfinite(cell(rows[i], Col.DATA_WAIT)) for rows in ranks)]
     return sum(waits) / len(waits) if waits else float("nan")
+
+
+def framework_collectives_s(part: dict[str, Any], weights: dict[int, int] | None = None) -> float:
+    """Seconds a step of this phase held the job in the framework's own collectives outside DDP; 0 where none ran.
+
+    Each rank's blocked seconds (``rank_framework_collective_steps``: [cycle, s] per timed step) are the median
+    over cycles of each cycle's mean, like its step time. The rank that waits least in them is the one the others
+    wait for: its seconds are the collectives' own cost plus each step's wait for whichever rank came last that
+    step, which is what they add to the job's step; a rank slower on every step (a straggler) is not in them.
+    ``weights``: a bootstrap replicate's cycles (cycle -> times drawn).
+    """
+    per_rank = []
+    for rows in part.get("rank_framework_collective_steps") or []:
+        blocks: dict[int, list[float]] = {}
+        for c, v in rows:
+            if v is not None and math.isfinite(v):
+                blocks.setdefault(int(c), []).append(v)
+        drawn = [statistics.fmean(b) for c, b in blocks.items() for _ in range(1 if weights is None else weights.get(c, 0))]
+        if drawn:
+            per_rank.append(statistics.median(drawn))
+    return min(per_rank) if per_rank else 0.0
 
 
 def job_step_time(summary: dict[str, Any]) -> float:

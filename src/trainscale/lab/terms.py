@@ -18,6 +18,11 @@ communication is its own cause, ``sync_wait``, since no change to the exchange r
 The straggler is the slowest rank's extra compute in the base configuration (the others wait for it); the
 part of it that appears only with data or communication on is taken out of those two terms, so the sum holds.
 
+A framework's own collectives outside DDP (the Hugging Face Trainer's gather of each batch's token count, Lightning's
+broadcast from rank 0 each step) still run with DDP's exchange off, and each step at N waits in them for its slowest
+rank: what they add at N beyond at 1 in ``no_comm`` (``stats.framework_collectives_s``, timed by the injected agent)
+moves from compute_interference to communication, so the sum holds; a run of the run API has none.
+
 Under FSDP no step runs without communication: ``no_comm`` is derived from ``no_data`` less each step's measured
 exposed wait in the collectives (``measured_exchange``), and there is no sleep test.
 
@@ -38,7 +43,15 @@ from ..schema import PHASES, Col, cell
 from .advice.suggest import suggest
 from .causes import Runs, make_cause, ms, term
 from .contention import cpu_contention, external_load
-from .stats import critical_data_wait, job_step_time, max_rank_gap, median, median_se, rank_gap_se
+from .stats import (
+    critical_data_wait,
+    framework_collectives_s,
+    job_step_time,
+    max_rank_gap,
+    median,
+    median_se,
+    rank_gap_se,
+)
 
 __all__ = ["CONFIGS", "COMM_OPS", "op_excess", "measure", "measured_exchange"]
 
@@ -105,6 +118,7 @@ class _Terms:
     loss: float
     loss_noise: float
     loss_low: float
+    own_r: list[float]  # per repeat: the framework's own collectives at N beyond at 1, with the exchange off
 
     @classmethod
     def of(cls, runs: Runs, n: int, slow_rank: int | None) -> _Terms:
@@ -114,7 +128,9 @@ class _Terms:
         gap = {c: [max_rank_gap(s.get("rank_compute_s") or [], slow_rank) for s in runs[(c, n)][:R]] for c in PHASES}
         loss_r = [x - y for x, y in zip(t["base", n], t["base", 1])]
         loss, noise, low = term(loss_r, [se["base", 1], se["base", n]])
-        return cls(runs, n, R, t, se, gap, loss_r, loss, noise, low)
+        own = {k: [s.get("framework_collectives_s", framework_collectives_s(s)) for s in runs[("no_comm", k)][:R]]
+               for k in (1, n)}
+        return cls(runs, n, R, t, se, gap, loss_r, loss, noise, low, [a - b for a, b in zip(own[n], own[1])])
 
     def g(self, phase: str) -> list[float]:
         """The slowest rank's extra compute per repeat, in ``phase`` at N."""
@@ -207,7 +223,8 @@ def _exchange_side(tm: _Terms, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     g = {c: tm.g(c) for c in PHASES}
     input_r = [v - (g["base"][i] - g["no_data"][i]) for i, v in enumerate(tm.diff("base", "no_data"))]
     sync_r = [s.get("sync_wait_s", 0.0) for s in runs[("no_data", n)][:R]]
-    comm_r = [v - (g["no_data"][i] - g["no_comm"][i]) - sync_r[i] for i, v in enumerate(tm.diff("no_data", "no_comm"))]
+    comm_r = [v - (g["no_data"][i] - g["no_comm"][i]) - sync_r[i] + tm.own_r[i]
+              for i, v in enumerate(tm.diff("no_data", "no_comm"))]
     base_n = runs[("base", n)][0]
     spread = [f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"  # null in JSON: no clock
               for x in runs[("no_data", n)][0].get("rank_compute_spread") or []]
@@ -221,12 +238,39 @@ def _exchange_side(tm: _Terms, ctx: dict[str, Any]) -> list[dict[str, Any]]:
                    f"{ms(median(t['base', 1]) - median(t['no_data', 1]))} ms at 1", *suggest("input", ctx),
                    waited_per_repeat_s=waited_r),
         make_cause("communication", comm_r, [se["no_data", 1], se["no_data", n], se["no_comm", 1], se["no_comm", n]],
-                   tm.loss, _exchange_evidence(base_n, t, n), *suggest("communication", ctx)),
+                   tm.loss, _exchange_evidence(base_n, t, n) + _own_evidence(tm), *suggest("communication", ctx),
+                   **_own_fields(tm)),
         make_cause("sync_wait", sync_r, [se["no_data", n]], tm.loss,
                    f"each step at {n} processes lasts as long as that step's slowest rank: forward+backward varies from "
                    f"step to step (p10-p90 spread per rank: {', '.join(spread)}), so the ranks wait "
                    f"{ms(median(sync_r))} ms/step for each other beyond any rank that is slower on every step (measured "
                    "with the exchange on and one batch kept on the device)", *suggest("sync_wait", ctx))]
+
+
+def _own_calls(tm: _Terms) -> float:
+    """The framework's own collectives outside DDP a step at N with the exchange off (rank 0's calls; 0: none)."""
+    calls = [s.get("framework_collective_calls_per_step") for s in tm.runs[("no_comm", tm.n)][:tm.R]]
+    return median([c for c in calls if isinstance(c, (int, float)) and math.isfinite(c)] or [0.0])
+
+
+def _own_fields(tm: _Terms) -> dict[str, Any]:
+    """The communication cause's record of the framework's own collectives outside DDP (none: no field)."""
+    if not _own_calls(tm):
+        return {}
+    by = (tm.runs[("base", tm.n)][0].get("framework_collectives") or {}).get("calls_per_step") or {}
+    return {"framework_collectives": {"calls_per_step": _own_calls(tm), "by_function": by,
+                                      "s_per_step": median(tm.own_r), "per_repeat_s": tm.own_r}}
+
+
+def _own_evidence(tm: _Terms) -> str:
+    """What the framework's own collectives outside DDP cost the step at N, which DDP's switch does not remove."""
+    if not _own_calls(tm):
+        return ""
+    by = _own_fields(tm)["framework_collectives"]["by_function"]
+    names = ", ".join(f"{k} x{v:.2g}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])) or "n/a"
+    return (f"; with the exchange off the framework's own collectives outside DDP still run ({names} a step): "
+            f"{ms(median(tm.own_r))} ms/step more at {tm.n} processes than at 1, the wait for each step's slowest "
+            "rank included (counted here, not as compute)")
 
 
 def _straggler(tm: _Terms, ctx: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +324,7 @@ def _interference(tm: _Terms, ctx: dict[str, Any], compute_r: list[float], slow_
                   ) -> dict[str, Any]:
     """Forward+backward slower at N without data and exchange, beyond the straggler and a slow operator."""
     n, se, runs = tm.n, tm.se, tm.runs
-    inter_r = [compute_r[i] - tm.g("no_comm")[i] - slow_s for i in range(tm.R)]
+    inter_r = [compute_r[i] - tm.g("no_comm")[i] - slow_s - tm.own_r[i] for i in range(tm.R)]
     return make_cause(
         "compute_interference", inter_r, [se["no_comm", 1], se["no_comm", n]] +
         ([se["sleep", 1], se["sleep", n]] if have_sleep else []), tm.loss,
@@ -288,7 +332,9 @@ def _interference(tm: _Terms, ctx: dict[str, Any], compute_r: list[float], slow_
         f"{ms(median(tm.t['no_comm', n]))} ms at {n}"
         + ("" if have_sleep else " (framework overhead not separated: sleep test not run)") +
         f"; threads per process {runs[('base', 1)][0].get('threads')} at 1, {runs[('base', n)][0].get('threads')} "
-        f"at {n}", *suggest("compute_interference", ctx), uses_sleep=have_sleep)
+        f"at {n}" + (f"; {ms(median(tm.own_r))} ms/step of it is the framework's own collectives outside DDP, counted "
+                     "under communication" if _own_calls(tm) else ""),
+        *suggest("compute_interference", ctx), uses_sleep=have_sleep)
 
 
 def _threads(tm: _Terms, ctx: dict[str, Any], threads: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
