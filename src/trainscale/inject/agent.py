@@ -275,7 +275,8 @@ class Agent:
     def backward(self, original: Any, tensors: Any, args: tuple, kwargs: dict) -> Any:
         """``torch.autograd.backward``: the compute clock's end of graph, the exchange's wait, the loss.
 
-        The loss is kept by reference (read once, at the end): a ``detach`` here would add a torch op to the step.
+        The loss is kept by reference (read once, at the end): a ``detach`` here would add a torch op to the step;
+        only a graph the script keeps past backward is detached from.
         """
         loss = tensors if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1 \
             else None
@@ -284,7 +285,10 @@ class Agent:
         self.micro += 1
         if self.loss_first is None:
             self.loss_first = loss.detach()  # once: its value without the graph (no host sync here on a GPU)
-        self.loss_last = loss
+        # By reference, read at the end: backward frees the graph's saved tensors. A graph that outlives backward
+        # (``retain_graph``/``create_graph``: positional from ``Tensor.backward``) is not kept alive by us.
+        kept = any(args[1:3]) or kwargs.get("retain_graph") or kwargs.get("create_graph")
+        self.loss_last = loss.detach() if kept else loss
         ins, meter = self.ins, self.meter
         if ins is None or meter is None:
             return original(tensors, *args, **kwargs)
