@@ -14,9 +14,12 @@ accounting's block reads, tens of microseconds, count in full); its CPU time is 
 bootstrap interval over groups (``ratio_ci90``); ``cpu_ratio`` and ``cpu_ratio_ci90`` the same for CPU time.
 Rank 0's figures (the ranks step together); ``load_avg``: the host's 1-minute load average at the start and the
 end. Last line: one JSON object. ``--count N`` counts instead what the injection adds to the training thread's
-step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept).
+step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept). ``--only GROUPS`` switches
+those patch groups alone (the others out in both arms); with ``--steady GROUPS`` the latter stay in, in both arms,
+so that the arms differ by ``--only``'s groups inside a fully instrumented step (one group's share of the whole).
 
 Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on] [--count 200]
+     [--only optimizer --steady backward,loader,ddp]
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ class Agent:
             self.loss_first = loss.detach()  # once: its value without the graph (no host sync here on a GPU)
         # By reference, read at the end: backward frees the graph's saved tensors. A graph that outlives backward
         # (``retain_graph``/``create_graph``: positional from ``Tensor.backward``) is not kept alive by us.
-        kept = any(args[1:3]) or kwargs.get("retain_graph") or kwargs.get("create_graph")
+        kept = True in args[1:3] or bool(kwargs) and (kwargs.get("retain_graph") or kwargs.get("create_graph"))
         self.loss_last = loss.detach() if kept else loss
         ins, meter = self.ins, self.meter
         if ins is None or meter is None:
@@ -326,6 +326,8 @@ class Agent:
         if self.finished:
             return
         self.finished = True
+        if isinstance(self.loss_last, torch.Tensor):  # read as a number without the graph (no autograd warning)
+            self.loss_last = self.loss_last.detach()
         finish_run(self)
 
 
