@@ -14,9 +14,12 @@ accounting's block reads, tens of microseconds, count in full); its CPU time is 
 bootstrap interval over groups (``ratio_ci90``); ``cpu_ratio`` and ``cpu_ratio_ci90`` the same for CPU time.
 Rank 0's figures (the ranks step together); ``load_avg``: the host's 1-minute load average at the start and the
 end. Last line: one JSON object. ``--count N`` counts instead what the injection adds to the training thread's
-step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept).
+step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept). ``--only GROUPS`` switches
+those patch groups alone (the others out in both arms); with ``--steady GROUPS`` the latter stay in, in both arms,
+so that the arms differ by ``--only``'s groups inside a fully instrumented step (one group's share of the whole).
 
 Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on] [--count 200]
+     [--only optimizer --steady backward,loader,ddp]
 """
 
 from __future__ import annotations
@@ -57,13 +60,16 @@ class Switch:
 
     ``only``: the patch groups switched (``PATCHES``' names); the others stay out in both arms, so that one
     group's cost is measured alone (the agent sees less of the step then: its own figures are not read here).
+    ``steady``: groups left in, in both arms (not switched): the arms then differ by ``only``'s groups within a
+    fully instrumented step, so each group's share of the whole is measured.
     """
 
-    def __init__(self, activate: Any, only: set[str] | None = None):
+    def __init__(self, activate: Any, only: set[str] | None = None, steady: set[str] | None = None):
         import torch.optim.optimizer as opt
 
         self.opt = opt
         self.only = set(PATCHES) if only is None else only
+        self.steady = (steady or set()) - self.only
         self.points = [(o, a) for o, a in _patch_points()
                        if any(a in PATCHES[g] for g in self.only)]
         self.plain = [getattr(o, a) for o, a in self.points]
@@ -74,10 +80,13 @@ class Switch:
             raise RuntimeError("the agent patched nothing: is TRAINSCALE_ARGS/RANK set as an instrumented run's?")
         self.hooks = ({k: v for k, v in opt._global_optimizer_pre_hooks.items() if k not in pre},
                       {k: v for k, v in opt._global_optimizer_post_hooks.items() if k not in post})
-        for owner, attr in _patch_points():  # the groups not measured: out in both arms
-            if (owner, attr) not in self.points:
+        kept = {a for g in self.steady for a in PATCHES[g]}
+        for owner, attr in _patch_points():  # the groups not measured: out in both arms, or in (``steady``)
+            if (owner, attr) not in self.points and attr not in kept:
                 setattr(owner, attr, getattr(owner, attr).__wrapped__)
-        if "optimizer" not in self.only:
+        if "optimizer" in self.steady:
+            self.hooks = ({}, {})
+        elif "optimizer" not in self.only:
             self.hooks = ({}, {})
             for table in (opt._global_optimizer_pre_hooks, opt._global_optimizer_post_hooks):
                 for k in [k for k in table if k not in pre and k not in post]:
@@ -89,7 +98,7 @@ class Switch:
         end = agent._agent.graph_end if agent._agent is not None else None
         if end is not None and "backward" in self.only:  # the backward patch's persistent hook, switched with it
             end.hold(on)
-        elif end is not None:
+        elif end is not None and "backward" not in self.steady:
             end.off()
         for (owner, attr), plain, patched in zip(self.points, self.plain, self.patched):
             setattr(owner, attr, patched if on else plain)
@@ -198,7 +207,7 @@ def worker(a: argparse.Namespace) -> None:
     spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
     script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(script)  # type: ignore[union-attr]
-    switch = Switch(activate, set(a.only.split(",")))
+    switch = Switch(activate, set(a.only.split(",")), set(a.steady.split(",")) - {""})
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(script.ToyModel(a.width))  # created patched: the agent sees it
@@ -237,6 +246,7 @@ def worker(a: argparse.Namespace) -> None:
             "plain_cpu_ms": round(statistics.median(c for _, c in arms[False]) * 1e3, 4),
             "instrumented_cpu_ms": round(statistics.median(c for _, c in arms[True]) * 1e3, 4),
             "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting, "patches": a.only,
+            **({"steady": a.steady} if a.steady else {}),
             "cpu_ratio_ci90": [round(x, 5) for x in _ci90(cpu_ratios)]}), flush=True)
     dist.barrier()
     sys.stdout.flush()
@@ -271,6 +281,9 @@ def main() -> None:
                    help="the per-rank accounting (schedstat reads) in the instrumented arm, as the doctor runs it: on")
     p.add_argument("--only", default=",".join(PATCHES),
                    help=f"patch groups switched, comma-separated (default all: {','.join(PATCHES)})")
+    p.add_argument("--steady", default="",
+                   help="patch groups left in, in both arms (not switched): the share of --only's groups in the "
+                        "whole injection")
     p.add_argument("--count", type=int, default=0,
                    help="instead of timing: count the training thread's work per step over this many steps")
     p.add_argument("--arm", choices=("on", "off", "both"), default="both",
@@ -288,7 +301,8 @@ def main() -> None:
                                    + ("true" if a.accounting == "on" else "false")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
            "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
-           "--accounting", a.accounting, "--only", a.only, "--count", str(a.count), "--arm", a.arm]
+           "--accounting", a.accounting, "--only", a.only, "--steady", a.steady, "--count", str(a.count),
+           "--arm", a.arm]
     load = os.getloadavg()[0]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]

@@ -141,3 +141,18 @@ def test_the_graph_end_is_one_hook_kept_on_the_last_gradient():
     model[2](torch.randn(4, 16)).sum().backward()
     end.done()
     assert kept.spent > 0 and end.state == GraphEnd.OFF and not end.begin()
+
+
+def test_the_agent_keeps_the_losses_values_not_their_graphs():
+    from trainscale.config import load_config
+    from trainscale.inject.agent import Agent
+
+    agent = Agent(load_config(), 0, 1, "")
+    model = nn.Linear(8, 1)
+    losses = []
+    for retain in (False, True):  # Tensor.backward passes (gradient, retain_graph, create_graph) positionally
+        losses.append(model(torch.randn(4, 8)).pow(2).mean())
+        agent.backward(torch.autograd.backward, losses[-1], (None, retain, False), {})
+    assert agent.micro == 2 and agent.loss_first.grad_fn is None  # the first step's graph is not held
+    assert agent.loss_first.item() == losses[0].item()
+    assert agent.loss_last.grad_fn is None and agent.loss_last.item() == losses[1].item()  # nor a retained one

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..config import load_config, parse_override_args
-from ..train.instruments import Instruments, StepMode, start_accounting
+from ..train.instruments import Instrument, Instruments, StepMode, start_accounting
 from .collectives import CollectiveTimer
 from .finish import finish_run
 from .frameworks import framework_on_stack
@@ -110,8 +110,9 @@ class Agent:
         self.collectives = CollectiveTimer()  # the framework's own collectives outside DDP, per step
         self.sync_steps: list[int] = []  # host syncs per iteration (on a GPU)
         self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
-        self.loss_first: Any = None
+        self.loss_first: Any = None  # the first loss, detached: no graph of the first step is kept
         self.loss_last: Any = None
+        self.clock_t0: Any = None  # the compute clock when it alone marks a forward's start (``_start``)
         self._seen: list[int] = []
         self._closing: int | None = None
         self.t_start, self.finished = time.perf_counter(), False
@@ -168,7 +169,10 @@ class Agent:
         if new.no_comm != self.mode.no_comm:
             self._switch(new)
         self.mode = new
-        self.ins.forward_starts()
+        if self.clock_t0 is not None:
+            self.clock_t0.t0 = time.perf_counter()
+        else:
+            self.ins.forward_starts()
 
     def _start(self) -> None:
         """After the first iteration: the device, the store, the accounting and the instruments."""
@@ -186,6 +190,7 @@ class Agent:
         self.out_dir = Path(self.json_path).with_suffix("") if self.json_path else Path(".")
         self.ins = Instruments(self.cfg, self.rank, self.rank == 0, device, torch.nn.Identity(), self.out_dir, acct)
         self.meter.follow(self.ins.clock)
+        self.clock_t0 = _clock_alone(self.ins)
         skipped = "graph_end" in os.environ.get(SKIP, "").split(",")
         if self.ins.slow is None and self.ins.sleep is None and not skipped:  # else their loss hooks run: the clock's too
             self.graph_end = GraphEnd(self.ins.clock, self.ddps)
@@ -230,7 +235,9 @@ class Agent:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
         elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
             self.sync_forwards += 1
-        if self.ins is not None:  # compute starts with the model: a wait in the framework's collective before it is none
+        if self.clock_t0 is not None:  # compute starts with the model: a wait in the framework's collective is none
+            self.clock_t0.t0 = time.perf_counter()
+        elif self.ins is not None:
             self.ins.forward_starts()
 
     def graph_walk(self, seconds: float) -> None:
@@ -262,14 +269,17 @@ class Agent:
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch  # (inputs, targets): no recursion
         self.step_samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
             else _batch_size(first)
-        if self.ins is not None:
+        if self.clock_t0 is not None:
+            self.clock_t0.t0 = time.perf_counter()
+        elif self.ins is not None:
             self.ins.forward_starts()
         return batch
 
     def backward(self, original: Any, tensors: Any, args: tuple, kwargs: dict) -> Any:
         """``torch.autograd.backward``: the compute clock's end of graph, the exchange's wait, the loss.
 
-        The loss is kept by reference (read once, at the end): a ``detach`` here would add a torch op to the step.
+        The loss is kept by reference (read once, at the end): a ``detach`` here would add a torch op to the step;
+        only a graph the script keeps past backward is detached from.
         """
         loss = tensors if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1 \
             else None
@@ -277,20 +287,31 @@ class Agent:
             return original(tensors, *args, **kwargs)
         self.micro += 1
         if self.loss_first is None:
-            self.loss_first = loss.detach()
-        self.loss_last = loss
+            self.loss_first = loss.detach()  # once: its value without the graph (no host sync here on a GPU)
+        # By reference, read at the end: backward frees the graph's saved tensors. A graph that outlives backward
+        # (``retain_graph``/``create_graph``: positional from ``Tensor.backward``) is not kept alive by us.
+        kept = True in args[1:3] or bool(kwargs) and (kwargs.get("retain_graph") or kwargs.get("create_graph"))
+        self.loss_last = loss.detach() if kept else loss
         ins, meter = self.ins, self.meter
         if ins is None or meter is None:
             return original(tensors, *args, **kwargs)
         spent, end = ins.clock.spent, self.graph_end
-        if end is not None and end.begin():
+        if end is not None and end.state is GraphEnd.KEPT:  # the steady state, inlined: no call before or after
+            end.fired = False
+            out = original(tensors, *args, **kwargs)
+            if not end.fired:
+                end.done()
+        elif end is not None and end.begin():
             out = original(tensors, *args, **kwargs)
             end.done()
         else:
             ins.watch(loss)
             out = original(tensors, *args, **kwargs)
         meter.backward_done(spent)
-        ins.forward_starts()
+        if self.clock_t0 is not None:
+            self.clock_t0.t0 = time.perf_counter()
+        else:
+            ins.forward_starts()
         return out
 
     # ---- the end
@@ -308,7 +329,18 @@ class Agent:
         if self.finished:
             return
         self.finished = True
+        if isinstance(self.loss_last, torch.Tensor):  # read as a number without the graph (no autograd warning)
+            self.loss_last = self.loss_last.detach()
         finish_run(self)
+
+
+def _clock_alone(ins: Instruments) -> Any:
+    """The run's compute clock on CPU when no other active instrument marks a forward's start (no timeline, no
+    slowed rank), else None: the agent then sets the clock's start itself, one clock read where the instruments'
+    call chain costs three Python calls and two reads, four times a step (``benchmarks/inject_overhead.py``)."""
+    clock = ins.clock
+    starts = [i for i in ins.active if type(i).on_forward_start is not Instrument.on_forward_start]
+    return clock if not clock.cuda and starts == [clock] else None
 
 
 def _broadcast_weights(ddp: Any) -> None:
