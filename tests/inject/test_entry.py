@@ -81,3 +81,18 @@ def test_sitecustomize_chains_and_acts_only_in_a_rank_main_process(tmp_path):
     asked = {**base, "TRAINSCALE_INJECT": "1", "RANK": "0", "WORLD_SIZE": "1"}
     assert run(asked, "-c", probe) == "1 True"
     assert run(asked, "job.py") == "main True child False"  # a spawned worker is never instrumented
+
+
+def test_a_failure_to_instrument_is_the_runs_one_line_and_never_the_jobs(tmp_path):
+    """The agent cannot start (here: an option it does not know): the script runs on, and the lab's line for the
+    run without a summary says why, instead of asking to port the script to the run API."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_") and k != "RANK"}
+    summary = tmp_path / "run.json"
+    env.update(PYTHONPATH=pythonpath(), TRAINSCALE_INJECT="1", RANK="0", WORLD_SIZE="1",
+               TRAINSCALE_ARGS="--job.no_such_option 1", TRAINSCALE_JSON=str(summary))
+    p = subprocess.run([sys.executable, "-c", "import torch; print('ran', torch.ones(1).item())"], capture_output=True,
+                       text=True, env=env, timeout=100, cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "ran 1.0"
+    why = (tmp_path / "run.json.why").read_text().strip()
+    assert why.startswith("trainscale inject: not instrumented (") and "no_such_option" in why, why
+

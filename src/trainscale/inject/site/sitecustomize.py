@@ -65,7 +65,15 @@ def _activate() -> None:
 
         activate()
     except Exception as e:  # never the user's job's failure
-        sys.stderr.write(f"trainscale inject: not instrumented ({type(e).__name__}: {e})\n")
+        line = f"trainscale inject: not instrumented ({type(e).__name__}: {e})"
+        sys.stderr.write(line + "\n")
+        summary = os.environ.get("TRAINSCALE_JSON")
+        if summary:  # the lab's one line for a run without a summary (jobs.run), instead of "use the run API"
+            try:
+                with open(summary + ".why", "w") as f:
+                    f.write(line + "\n")
+            except OSError:
+                pass
 
 
 try:
