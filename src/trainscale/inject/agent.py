@@ -169,9 +169,14 @@ class Agent:
         if new.no_comm != self.mode.no_comm:
             self._switch(new)
         self.mode = new
+        self.forward_starts()
+
+    def forward_starts(self) -> None:
+        """Mark where the next forward's compute starts: the clock's start itself where the clock alone marks it
+        (one clock read; the instruments' call chain costs three calls and two reads, four times a step)."""
         if self.clock_t0 is not None:
             self.clock_t0.t0 = time.perf_counter()
-        else:
+        elif self.ins is not None:
             self.ins.forward_starts()
 
     def _start(self) -> None:
@@ -235,10 +240,7 @@ class Agent:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
         elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
             self.sync_forwards += 1
-        if self.clock_t0 is not None:  # compute starts with the model: a wait in the framework's collective is none
-            self.clock_t0.t0 = time.perf_counter()
-        elif self.ins is not None:
-            self.ins.forward_starts()
+        self.forward_starts()  # compute starts with the model: a wait in the framework's collective is none
 
     def graph_walk(self, seconds: float) -> None:
         self.walk_s += seconds
@@ -269,10 +271,7 @@ class Agent:
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch  # (inputs, targets): no recursion
         self.step_samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
             else _batch_size(first)
-        if self.clock_t0 is not None:
-            self.clock_t0.t0 = time.perf_counter()
-        elif self.ins is not None:
-            self.ins.forward_starts()
+        self.forward_starts()
         return batch
 
     def backward(self, original: Any, tensors: Any, args: tuple, kwargs: dict) -> Any:
@@ -308,10 +307,7 @@ class Agent:
             ins.watch(loss)
             out = original(tensors, *args, **kwargs)
         meter.backward_done(spent)
-        if self.clock_t0 is not None:
-            self.clock_t0.t0 = time.perf_counter()
-        else:
-            ins.forward_starts()
+        self.forward_starts()
         return out
 
     # ---- the end
@@ -336,8 +332,7 @@ class Agent:
 
 def _clock_alone(ins: Instruments) -> Any:
     """The run's compute clock on CPU when no other active instrument marks a forward's start (no timeline, no
-    slowed rank), else None: the agent then sets the clock's start itself, one clock read where the instruments'
-    call chain costs three Python calls and two reads, four times a step (``benchmarks/inject_overhead.py``)."""
+    slowed rank), else None: the agent then sets the clock's start itself (``Agent.forward_starts``)."""
     clock = ins.clock
     starts = [i for i in ins.active if type(i).on_forward_start is not Instrument.on_forward_start]
     return clock if not clock.cuda and starts == [clock] else None
