@@ -114,19 +114,8 @@ class Accounting(Instrument):
         block ends or ``READ_EVERY_S`` has passed since its last read."""
         if self._fd is None:
             return
-        if measured:  # the arrival and the exchange's wait inlined: this runs in every step
-            meter = self.meter
-            if self.hooked and meter.last_gradient_s >= t_prev:  # the last gradient; else when step() was called
-                arrival = float(meter.last_gradient_s)
-            else:
-                arrival = self._t_call if self._t_call >= t_prev else t_prev
-            comm = math.nan  # the exposed waits the meter noted since the previous step (none, or not on CPU: NaN)
-            if self.comm_measured:
-                waits, seen = meter.waits, self._waits_seen
-                self._waits_seen = len(waits)
-                if len(waits) > seen:
-                    comm = sum(waits[seen:])
-            self._steps.append((0.0, 0.0, arrival + self.offset, comm))
+        if measured:
+            self._steps.append((0.0, 0.0, self._arrival(t_prev) + self.offset, self._comm_wait()))
             self._block_measured += 1
             self._unread_measured += 1
         self._unread += 1
@@ -151,6 +140,20 @@ class Accounting(Instrument):
     def last_runq_s(self) -> float:
         """The training thread's run-queue wait per step at its last read (NaN before one)."""
         return self._last_runq_s
+
+    def _arrival(self, t_prev: float) -> float:
+        """When this step's last gradient was ready; without gradient hooks, when ``run.step()`` was called."""
+        if self.hooked and self.meter.last_gradient_s >= t_prev:
+            return float(self.meter.last_gradient_s)
+        return self._t_call if self._t_call >= t_prev else t_prev
+
+    def _comm_wait(self) -> float:
+        """The exposed communication waits the meter noted since the previous step (NaN: none, or not on CPU)."""
+        if not self.comm_measured:
+            return math.nan
+        waits = self.meter.waits
+        new, self._waits_seen = waits[self._waits_seen:], len(waits)
+        return sum(new) if new else math.nan
 
     def close_block(self) -> None:
         """Read the other threads and spread their time evenly over the block's steps.
@@ -210,7 +213,7 @@ class Accounting(Instrument):
         self.loop_starts(t)
 
     def on_step_called(self, t: float) -> None:
-        self._t_call = t  # ``step_called``'s one line, without its call
+        self.step_called(t)
 
     def on_step_end(self, end: StepEnd) -> None:  # after the step's clock read: its reads are paid by the next step
         self.step_done(end.step, end.measured, end.t_start)
