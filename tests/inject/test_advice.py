@@ -105,6 +105,19 @@ def test_input_advice_counts_the_scripts_own_workers():
     assert "more loader workers would take more" in competes and not RUN_API_ONLY.search(competes)
 
 
+def test_too_many_busy_threads_is_advised_on_the_knob_that_has_room():
+    """1 intra-op thread and 2 loader workers per process, 2 processes on 2 cores (found on an untuned script): the
+    change is fewer workers, not threads set to the 1 they already are; several threads: fewer threads."""
+    s = _summary()
+    s["injected"]["setup"].update(threads=1, loader_workers=2, processes_per_node=2, cores=2)
+    row = next(r for r in setup_causes(s, 0.01) if r["name"] == "threads")
+    assert "num_workers=0" in row["advice"] and "now 2" in row["advice"] and "set_num_threads" not in row["advice"]
+    contention = {"name": "cpu_contention", "who": {"oversubscribed": True, "cores": 2, "whose": "own"}}
+    assert "num_workers=0" in script_advice(contention, script_context(s), 2)
+    s["injected"]["setup"].update(threads=4, loader_workers=0)
+    assert "torch.set_num_threads(1)" in script_advice(contention, script_context(s), 2)
+
+
 def test_for_script_rewrites_every_suggestion_and_leaves_nothing_to_apply():
     ctx = script_context(_summary())
     res = {"nproc": 2, "causes": [{"name": n, "suggestion": suggest(n, {"rank": 0, "threads": 1})[0],

@@ -21,7 +21,7 @@ from ..decomposition import what_if
 from .suggest import LATENCY_BOUND_BYTES, suggest
 
 __all__ = ["script_context", "exchange_facts", "exchange_text", "exchange_advice", "input_advice", "script_advice",
-           "for_script", "cannot_apply", "bucket_change", "small_buckets"]
+           "for_script", "cannot_apply", "bucket_change", "small_buckets", "fit_threads"]
 
 DDP_DEFAULT_CAP_MB = 25.0  # DistributedDataParallel(bucket_cap_mb=25) unless the script sets it
 
@@ -183,6 +183,17 @@ def _cores_text() -> str:
             "<= cores; taskset -c / numactl)")
 
 
+def fit_threads(per_process: int, threads: int, workers: int) -> str:
+    """The change that fits one process's intra-op threads and loader workers in ``per_process`` cores: fewer
+    threads where there are several, else fewer loader workers (a process keeps at least one thread)."""
+    per = max(1, per_process)
+    if threads > 1 or workers == 0:
+        return (f"{_THREADS.format(t=max(1, per - workers))}, so that threads + loader workers <= {per} a process "
+                f"(now {threads} + {workers})")
+    return (f"DataLoader(..., num_workers={max(0, per - threads)}) (now {workers}: with {threads} intra-op thread(s) "
+            f"that makes {threads + workers} busy threads a process on {per} core(s) each)")
+
+
 def _contention(c: dict[str, Any], ctx: dict[str, Any], n: int) -> str:
     """CPU contention by whose threads held the cores (``c['who']``), with the script's own knobs."""
     who = c.get("who") or {}
@@ -190,8 +201,7 @@ def _contention(c: dict[str, Any], ctx: dict[str, Any], n: int) -> str:
         return str(c.get("suggestion") or "")  # names the outside processes: nothing of the script's to change
     cores, workers, threads = int(who.get("cores") or 0), int(ctx.get("workers") or 0), int(ctx.get("threads") or 1)
     if who.get("oversubscribed") and cores:
-        fit = max(1, cores // max(1, n) - workers)
-        return f"the job oversubscribes the cores: {_THREADS.format(t=fit)}, so that processes x threads + workers <= {cores}"
+        return f"the job oversubscribes the cores: {fit_threads(cores // max(1, n), threads, workers)}"
     if who.get("exchange_on_cpu"):
         if threads > 1:
             return (f"leave each process a core for its exchange (Gloo runs it on CPU threads): "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .script import bucket_change, script_context, small_buckets
+from .script import bucket_change, fit_threads, script_context, small_buckets
 
 __all__ = ["setup_causes"]
 
@@ -76,8 +76,8 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
         rows.append({"name": "threads", "seconds_per_step": None,
                      "evidence": f"{procs} processes x ({threads} intra-op threads + {workers} loader workers) = "
                                  f"{procs * (threads + workers)} busy threads on {cores} cores",
-                     "advice": f"give each process at most {max(1, cores // procs)} threads in all: OMP_NUM_THREADS="
-                               f"{max(1, cores // procs - workers)}, DataLoader(num_workers=...) within the rest"})
+                     "advice": f"give each process at most {max(1, cores // procs)} busy threads in all: "
+                               + fit_threads(cores // procs, threads, workers)})
     return rows
 
 
