@@ -295,12 +295,7 @@ class Agent:
         if ins is None or meter is None:
             return original(tensors, *args, **kwargs)
         spent, end = ins.clock.spent, self.graph_end
-        if end is not None and end.state is GraphEnd.KEPT:  # the steady state, inlined: no call before or after
-            end.fired = False
-            out = original(tensors, *args, **kwargs)
-            if not end.fired:
-                end.done()
-        elif end is not None and end.begin():
+        if end is not None and end.begin():
             out = original(tensors, *args, **kwargs)
             end.done()
         else:
