@@ -26,7 +26,7 @@ from .distributed.cluster import unplaced
 from .signals import interrupt_on
 
 __all__ = ["RunSpec", "RunFailed", "run_train", "LauncherOptions", "split_script", "communicate_or_kill",
-           "check_train_args", "to_overrides", "instrumented"]
+           "check_train_args", "to_overrides", "instrumented", "gpu_shortage"]
 
 # What a script must do for the lab to read it: the one thing to add, quoted in the error.
 API_HINT = ("the script wrote no run summary: it must use the run API -- add `run = trainscale.init()` before "
@@ -200,6 +200,27 @@ def _error_lines(text: str, keep: int = 6) -> str:
     return " | ".join(ln.strip() for ln in chosen) or "no output"
 
 
+# What a rank's traceback says when it asked for a GPU the node does not have: CUDA's own error, or DDP's stream
+# table indexed by device_ids=[local_rank] (accelerate's and the Trainer's DDP wrapper on one GPU, torch 2.11).
+_NO_SUCH_GPU = ("invalid device ordinal", "_streams[device.index]")
+
+
+def gpu_shortage(text: str, nproc: int, gpus: int) -> str:
+    """Why a run of ``nproc`` processes per node on ``gpus`` GPUs failed, when ``text`` shows a rank reaching for a
+    GPU that is not there; else the empty string."""
+    if not 0 < gpus < nproc or not any(m in text for m in _NO_SUCH_GPU):
+        return ""
+    return (f"{nproc} processes share this node's {gpus} GPU(s) and a rank asked for one that is not there: the "
+            "script, or its framework (accelerate and the Hugging Face Trainer put local rank k on cuda:k), needs a "
+            f"GPU per process; run it on a node with {nproc} GPUs, or on the CPU | ")
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     """Run one training job; return its summary, or raise RunFailed with the job's own error."""
     spec.json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +238,8 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     log = spec.json_path.with_suffix(".log")
     log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
     if rc != 0:
-        raise RunFailed(spec, _error_lines(err + "\n" + out) + f" (full output: {log})")
+        raise RunFailed(spec, gpu_shortage(err + out, spec.nproc, _visible_gpus()) + _error_lines(err + "\n" + out)
+                        + f" (full output: {log})")
     why = spec.json_path.with_name(spec.json_path.name + ".why")
     if not spec.json_path.is_file() and why.is_file():  # an instrumented script says why it has no summary
         raise RunFailed(spec, why.read_text().strip() + f" (full output: {log})")

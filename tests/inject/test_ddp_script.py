@@ -156,3 +156,15 @@ def test_the_agent_keeps_the_losses_values_not_their_graphs():
     assert agent.micro == 2 and agent.loss_first.grad_fn is None  # the first step's graph is not held
     assert agent.loss_first.item() == losses[0].item()
     assert agent.loss_last.grad_fn is None and agent.loss_last.item() == losses[1].item()  # nor a retained one
+
+
+def test_the_agent_finds_the_device_of_a_model_no_framework_wrapped():
+    """At one process the Hugging Face Trainer wraps nothing in DDP: the agent reads the device from the
+    optimizer's parameters (on an H200 it took the Trainer's GPU model for a CPU one, and counted no host syncs)."""
+    from trainscale.config import load_config
+    from trainscale.inject.agent import Agent
+
+    agent = Agent(load_config(), 0, 1, "")
+    assert agent._device() == torch.device("cpu")  # nothing seen yet
+    agent.optimizers.append(torch.optim.SGD(nn.Linear(2, 2, device="meta").parameters(), lr=0.1))
+    assert agent._device() == torch.device("meta")  # any device but the CPU default: the GPU's, on a GPU

@@ -11,6 +11,7 @@ import pytest
 from trainscale.errors import ConfigError
 from trainscale.inject import pythonpath
 from trainscale.inject.command import parse_command, uses_run_api
+from trainscale.jobs import gpu_shortage
 
 
 def test_commands_as_users_run_them(tmp_path):
@@ -96,3 +97,15 @@ def test_a_failure_to_instrument_is_the_runs_one_line_and_never_the_jobs(tmp_pat
     why = (tmp_path / "run.json.why").read_text().strip()
     assert why.startswith("trainscale inject: not instrumented (") and "no_such_option" in why, why
 
+
+
+def test_two_ranks_on_one_gpu_that_the_framework_cannot_share_is_said_so():
+    """The Hugging Face Trainer on an H200 with 2 processes (its DDP wrapper gets device_ids=[local rank]): the
+    failure names the shortage of GPUs, not only the IndexError deep in DDP; nothing is added where GPUs suffice."""
+    trace = ('[rank1]:   File ".../torch/nn/parallel/_functions.py", line 174, in _get_stream\n'
+             "[rank1]:     if _streams[device.index] is None:\n[rank1]: IndexError: list index out of range\n")
+    said = gpu_shortage(trace, nproc=2, gpus=1)
+    assert said.startswith("2 processes share this node's 1 GPU(s)") and "on the CPU" in said
+    assert gpu_shortage("RuntimeError: CUDA error: invalid device ordinal", 4, 2)
+    assert gpu_shortage(trace, nproc=2, gpus=2) == gpu_shortage(trace, nproc=2, gpus=0) == ""
+    assert gpu_shortage("IndexError: list index out of range", nproc=2, gpus=1) == ""  # the user's own bug

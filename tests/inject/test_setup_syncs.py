@@ -33,6 +33,17 @@ def test_host_syncs_counted_on_a_gpu_are_a_cause():
     assert row["seconds_per_step"] is None  # counted, not timed apart
 
 
+def test_host_syncs_name_the_scripts_lines_and_blocking_copies_get_copy_advice():
+    """Seen on an H200: a DDP tutorial script's `x, y = x.to(device), y.to(device)` from pageable memory, two syncs a
+    step; the advice is about the copy, not about reading losses."""
+    site = {"where": "ddp_train.py:83", "code": "x, y = x.to(device), y.to(device)", "per_step": 2.0}
+    summary = {"injected": {"framework": {"name": "PyTorch"}, "ddp": [],
+                            "setup": {"host_syncs_per_step": 2, "host_sync_sites": [site]}}}
+    row = next(r for r in setup_causes(summary, 0.01) if r["name"] == "host_syncs")
+    assert "ddp_train.py:83 `x, y = x.to(device), y.to(device)` (2/step)" in row["evidence"]
+    assert "non_blocking=True" in row["advice"] and "pin_memory=True" in row["advice"]
+
+
 def test_sync_warnings_are_counted_per_call_and_kept_from_the_user():
     counter, shown = SyncCounter(), []
     with warnings.catch_warnings():  # restores the filters and showwarning the counter replaces
@@ -44,3 +55,6 @@ def test_sync_warnings_are_counted_per_call_and_kept_from_the_user():
         warnings.warn("something else", UserWarning, stacklevel=1)
         assert counter.take() == 3 and counter.take() == 0
     assert shown == ["something else"]
+    (site,) = counter.top_sites(steps=3)  # the three came from one line of this file
+    assert site["where"].startswith("test_setup_syncs.py:") and site["per_step"] == 1.0
+    assert site["code"].startswith("warnings.warn(\"called a synchronizing")

@@ -229,9 +229,9 @@ def test_fp16_skips_the_step_whose_gradients_overflow_as_the_plain_recipe_does()
     model, batches = model_and_batches()
     x, y = batches[1]
     batches[1] = (x * 1e4, y)  # its fp16 gradients overflow at the scaler's first scale: that step is skipped
-    want = plain_amp_losses(model, batches, F.cross_entropy, torch.device("cpu"), "fp16")
-    plain_scaler = torch.amp.GradScaler("cpu")
     run, prepared = start(model, amp="fp16")
+    want = plain_amp_losses(model, batches, F.cross_entropy, run.device, "fp16")  # on the run's device (a GPU's)
+    plain_scaler = torch.amp.GradScaler(run.device.type)
     got = []
     try:
         for x, y in run.batches(feed(batches), steps=len(batches)):

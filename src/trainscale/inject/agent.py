@@ -205,9 +205,15 @@ class Agent:
         self.ins.forward_starts()
 
     def _device(self) -> torch.device:
+        """Where the model trains: a DDP replica's parameters, else the optimizers' (a framework wraps nothing at
+        one process: the Trainer's model on a GPU, seen on an H200, was taken for a CPU one)."""
         for ddp in self.ddps:
             for p in ddp.parameters():
                 return p.device
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    return p.device
         return torch.device("cpu")
 
     # ---- the experiments

@@ -95,7 +95,7 @@ def _setup(agent: Any, local: dict[str, Any]) -> dict[str, Any]:
             else None,
             "exchanges_per_step": _median(agent.sync_counts[1:]), "micro_batches_per_step": local["micro"],
             "host_syncs_per_step": _median(agent.sync_steps[2:]) if agent.status.get("host_syncs") == "measured"
-            else None, "one_rank_serves_data": agent.dispatched,
+            else None, "host_sync_sites": agent.syncs.top_sites(n), "one_rank_serves_data": agent.dispatched,
             "loader_workers": agent.workers, "threads": local["threads"], "processes_per_node":
             int(os.environ.get("LOCAL_WORLD_SIZE", str(agent.world))), "cores": available_cores()}
 

@@ -2,14 +2,17 @@
 ``.cpu()``, a tensor in an ``if``, ``nonzero``), counted with PyTorch's own sync debug mode.
 
 ``torch.cuda.set_sync_debug_mode("warn")`` makes every synchronizing CUDA call raise one warning; the counter
-takes those warnings (and only those) off the user's stderr and counts them. On CPU nothing is counted: there is
-no device queue, so reading a tensor's value waits for nothing.
+takes those warnings (and only those) off the user's stderr and counts them, each by the line of the script that
+made it (the warning's frame), so that the report can point at it. On CPU nothing is counted: there is no device
+queue, so reading a tensor's value waits for nothing.
 """
 
 from __future__ import annotations
 
+import linecache
 import os
 import warnings
+from collections import Counter
 from typing import Any
 
 __all__ = ["SyncCounter", "NOT_ON_CPU"]
@@ -25,6 +28,7 @@ class SyncCounter:
 
     def __init__(self) -> None:
         self.count = 0
+        self.sites: Counter[tuple[str, int]] = Counter()  # (file, line) of each sync, the run's whole count
         self._show: Any = None
 
     def start(self, torch: Any, device_type: str) -> str:
@@ -46,7 +50,9 @@ class SyncCounter:
     def _seen(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
               line: Any = None) -> None:
         if _MESSAGE in str(message):
-            self.count += not os.path.abspath(filename).startswith(_OURS)
+            if not os.path.abspath(filename).startswith(_OURS):
+                self.count += 1
+                self.sites[(filename, lineno)] += 1
             return
         self._show(message, category, filename, lineno, file, line)
 
@@ -54,3 +60,8 @@ class SyncCounter:
         """The syncs counted since the last call."""
         n, self.count = self.count, 0
         return n
+
+    def top_sites(self, steps: int, keep: int = 3) -> list[dict[str, Any]]:
+        """The lines that synced most: ``where`` (file:line), the ``code`` there and its syncs ``per_step``."""
+        return [{"where": f"{os.path.basename(f)}:{n}", "code": linecache.getline(f, n).strip(),
+                 "per_step": round(c / max(1, steps), 2)} for (f, n), c in self.sites.most_common(keep)]

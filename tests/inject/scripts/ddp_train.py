@@ -3,6 +3,7 @@
 No trainscale import: the doctor reaches it from outside. The switches after ``--steps`` plant faults for
 trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms a batch, no workers),
 ``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step).
+``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
 """
@@ -49,6 +50,7 @@ def main():
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--find-unused", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
     args = p.parse_args()
@@ -56,8 +58,10 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = ToyModel(args.width, 3.0 if rank == args.slow_rank else 1.0)
-    ddp_model = DDP(model, find_unused_parameters=args.find_unused)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+    model = ToyModel(args.width, 3.0 if rank == args.slow_rank else 1.0).to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    find_unused_parameters=args.find_unused)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
 
@@ -71,6 +75,7 @@ def main():
     while step < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(x), y)
             loss.backward()

@@ -1,7 +1,8 @@
 """A Hugging Face ``Trainer`` script on a tiny GPT-2 built from its config (no download; run it under torchrun).
 
 No trainscale import. Fault switches for trainscale's tests: ``--slow-collate-ms 20`` (a Python collate,
-no workers), ``--slow-rank 1`` (that rank's forward 3x slower).
+no workers), ``--slow-rank 1`` (that rank's forward 3x slower). ``--cuda`` trains on the GPU (ranks may share
+one: the Trainer's exchange then runs on Gloo, as NCCL wants one GPU per rank).
 
     HF_HUB_OFFLINE=1 torchrun --nproc-per-node 2 hf_train.py --steps 40
 """
@@ -34,6 +35,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--cuda", action="store_true")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -56,7 +58,8 @@ def main():
 
     out = tempfile.mkdtemp(prefix="hf_train_")
     training = TrainingArguments(output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-                                 learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+                                 learning_rate=1e-3, use_cpu=not args.cuda,
+                                 ddp_backend="gloo" if args.cuda else None, report_to=[], save_strategy="no",
                                  logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(2048, 32, 256), data_collator=collate)
     trainer.train()

@@ -57,12 +57,7 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
                                + _NO_SYNC.get(fw, "with model.no_sync(): for every micro-batch but the last")})
     syncs = setup.get("host_syncs_per_step")
     if syncs:
-        rows.append({"name": "host_syncs", "seconds_per_step": None,
-                     "evidence": f"{syncs} host sync(s) per step: each time the host waits for the device's queue to "
-                                 "drain (.item(), .cpu(), a tensor's value in an if, printing a tensor); counted, "
-                                 "not timed apart",
-                     "advice": "keep values on the device between log points: read losses and metrics every K steps, "
-                               "check finiteness on the device (torch.isfinite(...).all() without .item())"})
+        rows.append(_host_syncs(syncs, setup.get("host_sync_sites") or []))
     if setup.get("one_rank_serves_data"):
         rows.append({"name": "one_rank_serves_data", "seconds_per_step": None,
                      "evidence": "accelerate's DataLoaderDispatcher: rank 0 reads every batch of every rank and "
@@ -107,3 +102,19 @@ def _find_unused(ddp: dict[str, Any], setup: dict[str, Any], fw: str, step_s: fl
             "evidence": f"find_unused_parameters=True: {size}{found}",
             "advice": f"turn it off where every parameter gets a gradient each step: {change}" if unused == 0 or
                       unused is None else "keep it: some parameters get no gradient in a step"}
+
+
+def _host_syncs(per_step: float, sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """Host syncs per step, with the lines that made them and advice for what those lines do."""
+    where = "; ".join(f"{s['where']} `{s['code']}` ({s['per_step']:g}/step)" if s["code"] else s["where"]
+                      for s in sites)
+    copies = any(".to(" in s["code"] or ".cuda(" in s["code"] for s in sites)
+    advice = ("copy batches without waiting: pinned host memory (DataLoader(..., pin_memory=True)) and "
+              ".to(device, non_blocking=True); a copy from pageable memory makes the host wait for it" if copies
+              else "keep values on the device between log points: read losses and metrics every K steps, check "
+                   "finiteness on the device (torch.isfinite(...).all() without .item())")
+    return {"name": "host_syncs", "seconds_per_step": None,
+            "evidence": f"{per_step:g} host sync(s) per step" + (f", at {where}" if where else "")
+                        + ": each time the host waits for the device's queue to drain (.item(), .cpu(), a blocking "
+                          "copy, a tensor's value in an if); counted, not timed apart",
+            "advice": advice}
