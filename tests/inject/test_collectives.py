@@ -54,3 +54,18 @@ def test_a_wait_inside_forward_and_backward_is_not_compute():
     gather(0.02)
     clock._on_graph_done()  # the backward graph ends: the clock adds this forward+backward
     assert clock.spent < timer.seconds  # the 20 ms in the collective left out; what is left is the calls' own
+
+
+def test_each_collective_keeps_the_users_line_that_led_to_it():
+    """Seen on an untuned Lightning script: an all_reduce every step from `self.log(..., sync_dist=True)`; the
+    timer keeps that line of the script and the framework's function between, not only "all_reduce x1"."""
+    timer = CollectiveTimer()
+    reduce = timer.wrap(FUNCTIONS.index("all_reduce"), _collective)
+    lib = {"__name__": "lightning.pytorch.core.module", "reduce": reduce}
+    exec(compile("def log(value, sync_dist=False):\n    reduce(0.0)\n",
+                 "/venv/lib/python3.12/site-packages/lightning/pytorch/core/module.py", "exec"), lib)
+    lib["log"](1.0, sync_dist=True)  # the user's line
+    (site,) = timer.local()["sites"]
+    assert site["function"] == "all_reduce" and site["where"].startswith("test_collectives.py:")
+    assert 'lib["log"](1.0, sync_dist=True)' in site["code"]
+    assert site["via"] == "lightning.pytorch.core.module.log" and site["calls"] == 1

@@ -84,8 +84,10 @@ def test_doctor_claims_no_fault_of_a_clean_script(tmp_path, script):
     doc = _doctor(tmp_path, script, [])
     assert doc["injected"]["framework"]["name"] == FRAMEWORKS[script]
     # The Trainer wraps a PreTrainedModel in DDP with find_unused_parameters=True unless told otherwise: a walk of
-    # the graph each step that the doctor measures and names (transformers' Trainer, its ddp_kwargs).
-    expected = frozenset({"find_unused_parameters"}) if script == "hf_train.py" else frozenset()
+    # the graph each step that the doctor measures and names (transformers' Trainer, its ddp_kwargs); and it
+    # gathers each batch's token count (average_tokens_across_devices, on by default): a collective every step.
+    expected = (frozenset({"find_unused_parameters", "collective_every_step"}) if script == "hf_train.py"
+                else frozenset())
     assert false_claims(doc, expected) == [], doc["causes"]
     assert {c["name"] for c in doc["injected"]["setup_causes"]} == expected
 

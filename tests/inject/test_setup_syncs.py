@@ -58,3 +58,32 @@ def test_sync_warnings_are_counted_per_call_and_kept_from_the_user():
     (site,) = counter.top_sites(steps=3)  # the three came from one line of this file
     assert site["where"].startswith("test_setup_syncs.py:") and site["per_step"] == 1.0
     assert site["code"].startswith("warnings.warn(\"called a synchronizing")
+
+
+@pytest.mark.parametrize("site,advice", [
+    ({"function": "all_reduce", "where": "lit_cnn.py:27", "code": 'self.log("loss", loss, sync_dist=True)',
+      "via": "lightning.pytorch.core.module.log"}, "on_epoch=True"),
+    ({"function": "all_gather", "where": "hf_train.py:65", "code": "trainer.train()",
+      "via": "accelerate.utils.operations._gpu_gather_one < accelerate.accelerator.gather < "
+             "transformers.trainer.get_batch_samples < transformers.trainer._run_epoch"},
+     "average_tokens_across_devices=False")])
+def test_a_collective_every_step_that_a_setting_asks_for_is_named_with_the_setting(site, advice):
+    summary = {"injected": {"framework": {"name": "x"}, "ddp": [], "setup": {}},
+               "framework_collectives": {"calls_per_step": {site["function"]: 1.0}, "sites": [site]}}
+    (row,) = [r for r in setup_causes(summary, 0.01) if r["name"] == "collective_every_step"]
+    assert f"{site['function']} x1 a step from {site['where']}" in row["evidence"] and advice in row["advice"]
+    rare = {**summary, "framework_collectives": {"calls_per_step": {site["function"]: 0.1}, "sites": [site]}}
+    assert not [r for r in setup_causes(rare, 0.01) if r["name"] == "collective_every_step"]  # not every step
+    other = {**summary, "framework_collectives": {"calls_per_step": {site["function"]: 1.0},
+                                                  "sites": [{**site, "code": "x", "via": "lightning.loop.run"}]}}
+    assert not [r for r in setup_causes(other, 0.01) if r["name"] == "collective_every_step"]  # nothing to change
+
+
+def test_one_line_that_makes_two_collectives_is_one_row():
+    site = {"where": "lit_cnn.py:26", "code": 'self.log("train_loss", loss, sync_dist=True)',
+            "via": "lightning.fabric.utilities.distributed._sync_ddp"}
+    summary = {"injected": {"framework": {"name": "Lightning Trainer"}, "ddp": [], "setup": {}},
+               "framework_collectives": {"calls_per_step": {"barrier": 1.0, "all_reduce": 1.0},
+                                         "sites": [{**site, "function": "barrier"}, {**site, "function": "all_reduce"}]}}
+    (row,) = [r for r in setup_causes(summary, 0.01) if r["name"] == "collective_every_step"]
+    assert row["evidence"].startswith("barrier x1 and all_reduce x1 a step from lit_cnn.py:26")

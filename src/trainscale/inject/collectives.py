@@ -14,15 +14,23 @@ wrapped). An asynchronous call (``async_op=True``) counts only its launch: its w
 
 The blocked seconds are taken out of the compute clock when a call falls inside a forward+backward (its mark
 ``t0`` moves on by them), so a rank waiting in a framework's collective never looks slower at computing.
+
+The first ``SITE_CALLS`` calls also keep where they came from: the line of the user's script that led to them
+(the innermost frame outside the installed packages, the standard library and trainscale) and the framework's
+functions on the way, so that the report can point at ``self.log(..., sync_dist=True)`` rather than at Lightning.
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
 import math
+import os
 import statistics
 import sys
+import sysconfig
 import time
+from collections import Counter
 from typing import Any
 
 __all__ = ["FUNCTIONS", "CollectiveTimer", "install_collectives", "add_to_summary"]
@@ -32,6 +40,34 @@ FUNCTIONS = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", 
              "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
              "monitored_barrier", "_all_gather_base", "_reduce_scatter_base")
 _SKIPPED_CALLERS = ("trainscale.", "torch.nn.parallel.")  # trainscale's own exchange; DDP's, timed as DDP's
+SITE_CALLS = 64  # calls whose call site is kept (a stack walk each); the rest are only timed
+_NOT_USER = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                                 sysconfig.get_paths()["platlib"],
+                                                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+
+
+def _user_file(filename: str) -> bool:
+    """A file of the user's: not an installed package, the standard library, trainscale, or a frozen module."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    return not path.startswith(_NOT_USER) and "site-packages" not in path and "dist-packages" not in path
+
+
+def call_site(frame: Any, keep: int = 12) -> tuple[str, str, str]:
+    """From ``frame`` outwards: the user's line (``file:line``), its code, and the framework functions on the way
+    (innermost first, at most ``keep``, torch's own left out); ("", "", via) when no user frame is on the stack."""
+    via: list[str] = []
+    while frame is not None:
+        code = frame.f_code
+        if _user_file(code.co_filename):
+            where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+            return where, linecache.getline(code.co_filename, frame.f_lineno).strip(), " < ".join(via)
+        module = frame.f_globals.get("__name__", "")
+        if len(via) < keep and not module.startswith(("torch.", "trainscale.")):
+            via.append(f"{module}.{code.co_name}")
+        frame = frame.f_back
+    return "", "", " < ".join(via)
 
 
 class CollectiveTimer:
@@ -44,7 +80,7 @@ class CollectiveTimer:
         timer.step_done(ins, mode, 5)     # rows: [(phase, cycle, seconds, 1)] once step 5 is past ins.warm
     """
 
-    __slots__ = ("seconds", "calls", "depth", "counts", "rows", "clock")
+    __slots__ = ("seconds", "calls", "depth", "counts", "rows", "clock", "sites", "sites_left")
 
     def __init__(self) -> None:
         self.seconds, self.calls, self.depth = 0.0, 0, 0
@@ -52,6 +88,8 @@ class CollectiveTimer:
         # per measured step: (its phase when timed, its cycle, seconds, calls)
         self.rows: list[tuple[str | None, int, float, int]] = []
         self.clock: Any = None  # the run's ComputeClock on CPU (its mark moves past a wait), else None
+        self.sites: Counter[tuple[str, str, str, str]] = Counter()  # (function, where, code, via): calls
+        self.sites_left = SITE_CALLS
 
     def wrap(self, index: int, fn: Any) -> Any:
         """``fn`` (``FUNCTIONS[index]``) timed into this step, unless nested or called by trainscale or DDP."""
@@ -62,6 +100,9 @@ class CollectiveTimer:
             if timer.depth or sys._getframe(1).f_globals.get("__name__", "").startswith(_SKIPPED_CALLERS):
                 return fn(*args, **kwargs)
             timer.depth = 1
+            if timer.sites_left:
+                timer.sites_left -= 1
+                timer.sites[(FUNCTIONS[index], *call_site(sys._getframe(1)))] += 1
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -84,8 +125,10 @@ class CollectiveTimer:
             self.clock = ins.clock  # on a GPU the clock times the device: a host wait is not in it
         if ins is not None and done > ins.warm:
             self.rows.append((mode.phase if mode.timed else None, mode.cycle, self.seconds, self.calls))
-        else:
-            self.counts = [0] * len(FUNCTIONS)  # warm-up's calls (set-up included) are not counted
+        else:  # warm-up's calls (set-up included) are not counted, nor are their call sites kept
+            self.counts = [0] * len(FUNCTIONS)
+            self.sites.clear()
+            self.sites_left = SITE_CALLS
         self.seconds, self.calls = 0.0, 0
 
     def local(self) -> dict[str, Any]:
@@ -96,7 +139,9 @@ class CollectiveTimer:
         mine = {k: [r for r in rows if k is None or r[0] == k] for k in keys}
         return {"steps": {k: [[float(c), s] for _, c, s, _ in v] for k, v in mine.items()},
                 "calls": {k: _mean([n for _, _, _, n in v]) for k, v in mine.items()},
-                "by_function": {f: c / len(rows) for f, c in zip(FUNCTIONS, self.counts) if c and rows}}
+                "by_function": {f: c / len(rows) for f, c in zip(FUNCTIONS, self.counts) if c and rows},
+                "sites": [{"function": f, "where": w, "code": c, "via": v, "calls": n}
+                          for (f, w, c, v), n in self.sites.most_common(4)]}
 
 
 def install_collectives(torch: Any, agent: Any) -> str:
@@ -136,7 +181,8 @@ def add_to_summary(summary: dict[str, Any], per_rank: list[dict[str, Any] | None
         part["framework_collective_calls_per_step"] = ranks[0]["calls"].get(phase, math.nan)
         if phase is not None:
             part["rank_framework_collective_steps"] = steps
-    summary["framework_collectives"] = {"calls_per_step": ranks[0]["by_function"]}
+    summary["framework_collectives"] = {"calls_per_step": ranks[0]["by_function"],
+                                        "sites": ranks[0].get("sites", [])}
 
 
 def _median(xs: list[float]) -> float:

@@ -65,6 +65,15 @@ CONFIGS: dict[str, list[str]] = {
 COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
             "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
 
+def is_range(op: dict[str, Any]) -> bool:
+    """A profiler row that is a range around other work (``record_function``: ``Optimizer.step#Adam.step``,
+    ``enumerate(DataLoader)#...``), not an operator: its self time is whatever inside it no operator covers. Under
+    Lightning's Trainer the optimizer step's range holds the closure (forward, backward and DDP's wait for the
+    exchange), so it grows with the processes for no operator's fault. Rows saved before the profile marked ranges
+    are told by the ``#`` that ``record_function`` names carry."""
+    return bool(op.get("range")) or "#" in op["name"]
+
+
 def _t(runs: Runs, cfg: str, k: int) -> list[float]:
     return [job_step_time(s) for s in runs.get((cfg, k), [])]
 
@@ -84,7 +93,8 @@ def op_excess(prof1: dict[str, Any], profn: dict[str, Any]) -> tuple[list[dict[s
     key = "self_device_s_per_step" if profn.get("device") == "cuda" else "self_s_per_step"
 
     def ops(p: dict[str, Any]) -> dict[str, float]:
-        return {o["name"]: o[key] for o in p.get("ops", []) if not any(c in o["name"].lower() for c in COMM_OPS)}
+        return {o["name"]: o[key] for o in p.get("ops", [])
+                if not any(c in o["name"].lower() for c in COMM_OPS) and not is_range(o)}
 
     one, many = ops(prof1), ops(profn)
     shared = [n for n in one if n in many and one[n] > 0]
@@ -268,9 +278,11 @@ def _own_evidence(tm: _Terms) -> str:
         return ""
     by = _own_fields(tm)["framework_collectives"]["by_function"]
     names = ", ".join(f"{k} x{v:.2g}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])) or "n/a"
-    return (f"; with the exchange off the framework's own collectives outside DDP still run ({names} a step): "
-            f"{ms(median(tm.own_r))} ms/step more at {tm.n} processes than at 1, the wait for each step's slowest "
-            "rank included (counted here, not as compute)")
+    sites = (tm.runs[("base", tm.n)][0].get("framework_collectives") or {}).get("sites") or []
+    lines = "; ".join(f"{s['function']} from {s['where']} `{s['code']}`" for s in sites if s["where"])
+    return (f"; with the exchange off the framework's own collectives outside DDP still run ({names} a step"
+            + (f"; {lines}" if lines else "") + f"): {ms(median(tm.own_r))} ms/step more at {tm.n} processes "
+            "than at 1, the wait for each step's slowest rank included (counted here, not as compute)")
 
 
 def _straggler(tm: _Terms, ctx: dict[str, Any]) -> dict[str, Any]:

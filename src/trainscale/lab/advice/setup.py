@@ -4,8 +4,9 @@ Pure code over one run summary's ``injected`` facts (counted on rank 0 by ``trai
 ``find_unused_parameters`` (its graph walk after every forward, timed), a bucket cap below DDP's default
 (more all-reduces than the gradients need), gradient accumulation that exchanges on
 every micro-batch (forwards whose backward all-reduces, counted per optimizer step), more compute threads
-than cores (intra-op threads and loader workers per process), host syncs per step (counted on a GPU) and one
-rank serving the data (accelerate's dispatcher). Each is a row with its measured seconds per step
+than cores (intra-op threads and loader workers per process), host syncs per step (counted on a GPU), one
+rank serving the data (accelerate's dispatcher) and a collective every step that a setting of the script asks for
+(Lightning's ``self.log(..., sync_dist=True)``, the Trainer's token count averaged over the devices). Each is a row with its measured seconds per step
 (None where it cannot be measured, and the row says why) and the change in the framework's own terms.
 
 Example::
@@ -58,6 +59,7 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
     syncs = setup.get("host_syncs_per_step")
     if syncs:
         rows.append(_host_syncs(syncs, setup.get("host_sync_sites") or []))
+    rows += _own_collectives(summary.get("framework_collectives") or {})
     if setup.get("one_rank_serves_data"):
         rows.append({"name": "one_rank_serves_data", "seconds_per_step": None,
                      "evidence": "accelerate's DataLoaderDispatcher: rank 0 reads every batch of every rank and "
@@ -118,3 +120,32 @@ def _host_syncs(per_step: float, sites: list[dict[str, Any]]) -> dict[str, Any]:
                         + ": each time the host waits for the device's queue to drain (.item(), .cpu(), a blocking "
                           "copy, a tensor's value in an if); counted, not timed apart",
             "advice": advice}
+
+
+# A framework's collective every step that a setting of the script turns on, told by the user's line or the
+# framework's function that called it: the change that removes it.
+_OWN_ADVICE = (("sync_dist=True", "log it once an epoch, self.log(..., on_step=False, on_epoch=True, sync_dist=True), or "
+                                  "without sync_dist for the step's own value (each rank logs its own; rank 0's shows)"),
+               ("get_batch_samples", "TrainingArguments(average_tokens_across_devices=False): the Trainer gathers every "
+                                     "batch's token count to average the loss over all devices' tokens"))
+
+
+def _own_collectives(own: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row for each line (or framework function) that runs collectives every step because of a setting the user
+    can change (none: no row); Lightning's ``sync_dist`` makes a barrier and an all_reduce: one row."""
+    per_step = own.get("calls_per_step") or {}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for site in own.get("sites") or []:
+        advice = next((a for key, a in _OWN_ADVICE if key in site["code"] or key in site["via"]), None)
+        if advice is None or per_step.get(site["function"], 0) < 0.5:
+            continue
+        where = f"{site['where']} `{site['code']}`" if site["where"] else "the framework's loop"
+        chain = site["via"].split(" < ")
+        row = rows.setdefault((where, advice), {"calls": [], "via": " < ".join(
+            chain if len(chain) <= 3 else [chain[0], "...", *chain[-2:]])})
+        row["calls"].append(f"{site['function']} x{per_step[site['function']]:.2g}")
+    return [{"name": "collective_every_step", "seconds_per_step": None,
+             "evidence": f"{' and '.join(r['calls'])} a step from {where} (via {r['via'] or '-'}): every rank waits "
+                         "in it for the slowest; its time is in the communication cause's share of the framework's "
+                         "own collectives",
+             "advice": advice} for (where, advice), r in rows.items()]

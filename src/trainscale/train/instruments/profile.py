@@ -80,7 +80,8 @@ class OpProfiler(Instrument):
         out = []
         for ev in self.prof.key_averages():
             dev = getattr(ev, "self_device_time_total", 0) or getattr(ev, "self_cuda_time_total", 0) or 0
-            out.append({"name": ev.key, "calls_per_step": ev.count / n,
+            out.append({"name": ev.key, "range": bool(getattr(ev, "is_user_annotation", False)),
+                        "calls_per_step": ev.count / n,
                         "self_s_per_step": ev.self_cpu_time_total / 1e6 / n,
                         "total_s_per_step": ev.cpu_time_total / 1e6 / n,
                         "self_device_s_per_step": dev / 1e6 / n})
