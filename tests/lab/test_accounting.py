@@ -297,3 +297,13 @@ def test_the_wait_is_the_jobs_own_threads_when_nothing_outside_takes_a_core():
     assert cpu["who"]["whose"] == "own" and cpu["who"]["outside"] == []
     assert "the job's own" in cpu["evidence"] and "bash" not in cpu["suggestion"]
     assert "exchange threads" in cpu["suggestion"]
+
+
+def test_input_beyond_its_wait_is_explained_by_the_loader_the_script_has():
+    """An untuned Lightning script with DataLoader(num_workers=2): the note spoke of a collate in a loader thread
+    the script does not have; with worker processes it names them."""
+    from trainscale.lab.bottleneck import _input_note
+
+    assert "worker process(es)" in _input_note(0.10, 0.20, 2) and "collate" not in _input_note(0.10, 0.20, 2)
+    assert "Python collate in the loader's thread" in _input_note(0.10, 0.20, 0)
+    assert _input_note(0.10, 0.12, 2) == ""  # the wait already shows what removing the input saves

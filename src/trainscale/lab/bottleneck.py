@@ -162,17 +162,21 @@ def bottleneck(base_n: list[dict[str, Any]], base_1: list[dict[str, Any]], n: in
     return {"name": name, "share": shares[name], "nproc": n, "shares": shares, "shares_at_1": at_1,
             "unmeasured": unmeasured, "step_s": info["step_s"], "last_arrivals": info["last_arrivals"],
             "input_waited_share": waited, "input_saved_share": saved,
-            "evidence": f"of each {n}-process step: {pct}{at1}" + _input_note(waited, saved),
+            "evidence": f"of each {n}-process step: {pct}{at1}" + _input_note(waited, saved, ctx.get("workers")),
             "advice": advice, "apply_flags": flags}
 
 
-def _input_note(waited: float, saved: float) -> str:
-    """Why the input share exceeds the wait for the next batch, when it does."""
+def _input_note(waited: float, saved: float, workers: Any = None) -> str:
+    """Why the input share exceeds the wait for the next batch, when it does (``workers``: the loader's worker
+    processes, where known)."""
     if not (math.isfinite(saved) and math.isfinite(waited)) or saved < waited + 0.05:
         return ""
+    how = (f"the loader's {workers} worker process(es) a rank take cores the step needs, and the training process "
+           "unpickles what they send" if workers else
+           "a Python collate in the loader's thread holds the interpreter lock the training loop needs")
     return (f"; the job waited for its next batch {waited:.0%} of the step, but keeping one batch on the device "
-            f"made the step {saved:.0%} shorter: loading work beside the step (a Python collate in the loader's "
-            "thread holds the interpreter lock the training loop needs) costs more than the wait shows")
+            f"made the step {saved:.0%} shorter: loading work beside the step ({how}) costs more than the wait "
+            "shows")
 
 
 def _advice(name: str, shares: dict[str, float], info: dict[str, Any], n: int, ctx: dict[str, Any]

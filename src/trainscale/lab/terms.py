@@ -65,6 +65,7 @@ CONFIGS: dict[str, list[str]] = {
 COMM_OPS = ("allreduce", "all_reduce", "broadcast", "gloo", "nccl", "c10d", "distributeddataparallel", "reducer",
             "profilerstep", "barrier", "allgather", "all_gather", "record_param_comms", "[memory]")
 
+
 def is_range(op: dict[str, Any]) -> bool:
     """A profiler row that is a range around other work (``record_function``: ``Optimizer.step#Adam.step``,
     ``enumerate(DataLoader)#...``), not an operator: its self time is whatever inside it no operator covers. Under

@@ -5,9 +5,10 @@ Pure code over one run summary's ``injected`` facts (counted on rank 0 by ``trai
 (more all-reduces than the gradients need), gradient accumulation that exchanges on
 every micro-batch (forwards whose backward all-reduces, counted per optimizer step), more compute threads
 than cores (intra-op threads and loader workers per process), host syncs per step (counted on a GPU), one
-rank serving the data (accelerate's dispatcher) and a collective every step that a setting of the script asks for
-(Lightning's ``self.log(..., sync_dist=True)``, the Trainer's token count averaged over the devices). Each is a row with its measured seconds per step
-(None where it cannot be measured, and the row says why) and the change in the framework's own terms.
+rank serving the data (accelerate's dispatcher) and a collective every step that a setting of the script asks
+for (Lightning's ``self.log(..., sync_dist=True)``, the Trainer's token count averaged over the devices). Each is
+a row with its measured seconds per step (None where it cannot be measured, and the row says why) and the change
+in the framework's own terms.
 
 Example::
 
