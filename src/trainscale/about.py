@@ -19,10 +19,20 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["versions", "machine", "main", "available_cores"]
+__all__ = ["versions", "machine", "main", "available_cores", "PACKAGE_DIR", "user_code"]
 
 # Variables that change how NCCL, Gloo, CUDA and the thread pools behave: what a bug report needs.
 __version__ = "0.1.0"  # the one place the version is written; the package and pyproject read it
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # trainscale's own code
+_STDLIB = os.path.dirname(os.__file__)
+
+
+def user_code(filename: str) -> bool:
+    """Whether a frame's file is the user's: not trainscale's, the standard library's, an installed package's
+    (``site-packages``, ``dist-packages``) or a frozen module's."""
+    return not (filename.startswith(("<", PACKAGE_DIR, _STDLIB)) or "-packages" + os.sep in filename)
+
 
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "OMP_", "MKL_", "TRAINSCALE_")
 

@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..about import PACKAGE_DIR, user_code
+
 __all__ = ["BUFFER", "enable_flight_recorder", "newest_collective", "code_position", "describe", "mismatch",
            "record_fatal_stacks", "FATAL_STACKS", "at_failure", "fatal_position"]
 
 BUFFER = 64  # collectives kept per process (a step of DDP issues one per bucket)
 RECENT = 8  # the newest collectives a stalled rank publishes: a rank that got through one the others did not
-_OURS = str(Path(__file__).resolve().parents[1])  # trainscale's package
-_STDLIB = os.path.dirname(os.__file__)
 FATAL_STACKS = "fatal_stacks.txt"  # beside torchrun's error file of the rank
 _C10D = "distributed_c10d.py"  # torch.distributed's collectives: the innermost frame there names the op
 _fatal_file: list[Any] = []  # kept open for the life of the process: faulthandler writes to its descriptor
@@ -82,9 +82,9 @@ def _position(frames: list[tuple[str, int, str]]) -> str:
     """The innermost of ``frames`` (innermost first) in the user's code, else in trainscale's."""
     ours = None
     for where, line, func in frames:
-        if where.startswith(_OURS):
+        if where.startswith(PACKAGE_DIR):
             ours = ours or (where, line, func)
-        elif not where.startswith(_STDLIB) and "-packages/" not in where and not where.startswith("<"):
+        elif user_code(where):
             return f"{where}:{line} in {func}"
     return f"{ours[0]}:{ours[1]} in {ours[2]}" if ours else "unknown"
 

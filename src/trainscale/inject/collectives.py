@@ -28,10 +28,11 @@ import math
 import os
 import statistics
 import sys
-import sysconfig
 import time
 from collections import Counter
 from typing import Any
+
+from ..about import user_code
 
 __all__ = ["FUNCTIONS", "CollectiveTimer", "install_collectives", "add_to_summary"]
 
@@ -41,17 +42,6 @@ FUNCTIONS = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", 
              "monitored_barrier", "_all_gather_base", "_reduce_scatter_base")
 _SKIPPED_CALLERS = ("trainscale.", "torch.nn.parallel.")  # trainscale's own exchange; DDP's, timed as DDP's
 SITE_CALLS = 64  # calls whose call site is kept (a stack walk each); the rest are only timed
-_NOT_USER = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                                 sysconfig.get_paths()["platlib"],
-                                                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
-
-
-def _user_file(filename: str) -> bool:
-    """A file of the user's: not an installed package, the standard library, trainscale, or a frozen module."""
-    if filename.startswith("<"):
-        return False
-    path = os.path.realpath(filename)
-    return not path.startswith(_NOT_USER) and "site-packages" not in path and "dist-packages" not in path
 
 
 def call_site(frame: Any, keep: int = 12) -> tuple[str, str, str]:
@@ -60,7 +50,7 @@ def call_site(frame: Any, keep: int = 12) -> tuple[str, str, str]:
     via: list[str] = []
     while frame is not None:
         code = frame.f_code
-        if _user_file(code.co_filename):
+        if user_code(code.co_filename):
             where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
             return where, linecache.getline(code.co_filename, frame.f_lineno).strip(), " < ".join(via)
         module = frame.f_globals.get("__name__", "")

@@ -15,12 +15,13 @@ import warnings
 from collections import Counter
 from typing import Any
 
+from ..about import PACKAGE_DIR
+
 __all__ = ["SyncCounter", "NOT_ON_CPU"]
 
 NOT_ON_CPU = ("not measured on CPU: a host sync waits for a device's queue, and on CPU there is none (count it on a "
               "GPU)")
 _MESSAGE = "called a synchronizing CUDA operation"
-_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # trainscale's own syncs (its timers) are not the job's
 
 
 class SyncCounter:
@@ -50,7 +51,7 @@ class SyncCounter:
     def _seen(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
               line: Any = None) -> None:
         if _MESSAGE in str(message):
-            if not os.path.abspath(filename).startswith(_OURS):
+            if not os.path.abspath(filename).startswith(PACKAGE_DIR):  # trainscale's own syncs (its timers)
                 self.count += 1
                 self.sites[(filename, lineno)] += 1
             return

@@ -71,7 +71,5 @@ class StepTimes(Instrument):
         self.cpu_prev, self.unread = None, 0
 
     def cpu_per_step(self) -> float:
-        """Process CPU seconds per measured step (NaN before the first)."""
-        if not self.cpu_steps and self.unread and self.cpu_prev is not None:
-            self._read()  # read mid-run, before any read
+        """Process CPU seconds per measured step, read once the steps have ended (NaN before the first)."""
         return self.cpu_s / self.cpu_steps if self.cpu_steps else float("nan")
