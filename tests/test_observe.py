@@ -91,18 +91,25 @@ def test_profiler_traces_load_in_holistic_trace_analysis(two_process_run):
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    trace = json.loads((tmp_path / "timeline.json").read_text())
     assert got["ranks"] == [0, 1]
     # Every measured step is a profiler step (the span still open when the profiler stopped is left out).
     assert got["profiler_steps"] == s["measured_steps"]
     if s["device"] == "cuda":
         assert got["kernel_ranks"] == [0, 1] and got["kernels_busy"]
         return
-    for rank, (steps, calls, step_us, comm_us) in enumerate(got["per_rank"]):
-        assert steps == s["measured_steps"] and calls >= steps  # one bucket or more per step
-        # The rank's median step in HTA's trace is the step the summary measured (same seams), and the
-        # all-reduce is a real part of it.
-        assert abs(step_us / 1e6 - s["rank_step_time_s"][rank]) <= 0.10 * s["rank_step_time_s"][rank]
-        assert 0 < comm_us < step_us
+    for rank, (step_us, calls, comm_us) in enumerate(got["per_rank"]):
+        assert len(step_us) == s["measured_steps"] and calls >= len(step_us)  # one bucket or more per step
+        # Each step in HTA's trace is the step the run measured (its timeline's step spans, which add up to the
+        # summary's: the test above), paired step by step, so a step a busy host slowed is slow in both. (Medians
+        # compared apart differed by 12% once: 20 steps of two modes, and the instruments' work at a step's end
+        # falls in the profiler's step and in the clock's next one.) The all-reduce is a real part of the step.
+        timeline = sorted((e for e in trace["traceEvents"]
+                           if e["ph"] == "X" and e["pid"] == rank and e["cat"] == "step"), key=lambda e: e["ts"])
+        assert len(timeline) == len(step_us)
+        ratios = [us / e["dur"] for us, e in zip(step_us, timeline)]
+        assert abs(statistics.median(ratios) - 1) <= 0.05, ratios
+        assert 0 < comm_us < statistics.median(step_us)
 
 
 # What a user runs on the traces: HTA's TraceAnalysis; prints the numbers the test checks as one JSON line.
@@ -121,7 +128,7 @@ else:
         df = ta.t.get_trace(rank)
         names = df["name"].map(lambda i: sym[i])
         steps, comm = df[names.str.startswith("ProfilerStep#")], df[names == "gloo:all_reduce"]
-        out["per_rank"].append([len(steps), len(comm), float(steps["dur"].median()),
+        out["per_rank"].append([[float(d) for d in steps.sort_values("ts")["dur"]], len(comm),
                                 float(comm.groupby("iteration")["dur"].sum().median())])
 print(json.dumps(out))
 """
