@@ -1,5 +1,5 @@
-"""Configuration causes met in a script's run: host syncs per step (counted on a GPU, said not measured on CPU)
-and one rank serving every rank's data (accelerate's dispatcher)."""
+"""Configuration causes met in a script's run: host syncs per step (counted on a GPU, said not measured on CPU),
+one rank serving every rank's data (accelerate's dispatcher), an exchange on every micro-batch."""
 
 from __future__ import annotations
 
@@ -87,3 +87,24 @@ def test_one_line_that_makes_two_collectives_is_one_row():
                                          "sites": [{**site, "function": "barrier"}, {**site, "function": "all_reduce"}]}}
     (row,) = [r for r in setup_causes(summary, 0.01) if r["name"] == "collective_every_step"]
     assert row["evidence"].startswith("barrier x1 and all_reduce x1 a step from lit_cnn.py:26")
+
+
+@pytest.mark.timeout(300)
+def test_accumulation_that_exchanges_every_micro_batch_is_named_and_no_sync_is_not(tmp_path):
+    """Gradients accumulated over 4 micro-batches (one optimizer step each 4, counted as one iteration): a
+    first try exchanges on every one (Lightning#4092's cost); ``no_sync`` on all but the last, or Lightning's
+    ``accumulate_grad_batches``, exchanges once."""
+    def setup_of(script: str, args: list[str], name: str) -> tuple[dict, dict]:
+        s = injected(script, ["--steps", "100000", *args], tmp_path / name, switches=["--steps", "8"])
+        return s["injected"]["setup"], {r["name"]: r for r in setup_causes(s, s["step_time_s"])}
+
+    setup, rows = setup_of("ddp_train.py", ["--accum", "4"], "every")
+    assert (setup["micro_batches_per_step"], setup["exchanges_per_step"]) == (4, 4)
+    row = rows["exchange_every_micro_batch"]
+    assert row["evidence"].startswith("4 of 4 micro-batches") and "no_sync()" in row["advice"]
+    setup, rows = setup_of("ddp_train.py", ["--accum", "4", "--no-sync"], "once")
+    assert (setup["micro_batches_per_step"], setup["exchanges_per_step"]) == (4, 1)
+    assert "exchange_every_micro_batch" not in rows
+    setup, rows = setup_of("lightning_train.py", ["--accum", "4"], "lightning")
+    assert (setup["micro_batches_per_step"], setup["exchanges_per_step"]) == (4, 1)
+    assert "exchange_every_micro_batch" not in rows

@@ -2,13 +2,16 @@
 
 No trainscale import: the doctor reaches it from outside. The switches after ``--steps`` plant faults for
 trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms a batch, no workers),
-``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step).
+``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step),
+``--accum 4`` (gradients accumulated over 4 micro-batches, as a first try does: each one exchanged), with
+``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
 """
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -50,6 +53,8 @@ def main():
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--find-unused", action="store_true")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--no-sync", action="store_true", help="exchange on the last micro-batch only")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
@@ -74,11 +79,16 @@ def main():
     step, epoch, t_warm = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for i, (x, y) in enumerate(loader):
             x, y = x.to(device), y.to(device)
-            optimizer.zero_grad()
-            loss = loss_fn(ddp_model(x), y)
-            loss.backward()
+            if i % args.accum == 0:
+                optimizer.zero_grad()
+            last = (i + 1) % args.accum == 0
+            with ddp_model.no_sync() if args.no_sync and not last else contextlib.nullcontext():
+                loss = loss_fn(ddp_model(x), y)
+                (loss / args.accum if args.accum > 1 else loss).backward()
+            if not last:
+                continue
             optimizer.step()
             step += 1
             if step == 5:

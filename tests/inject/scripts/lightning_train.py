@@ -48,6 +48,8 @@ def main():
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--devices", type=int, default=0, help="hard-coded, as many scripts do (0: torchrun's count)")
+    p.add_argument("--accum", type=int, default=1, help="accumulate_grad_batches (Lightning skips the exchange "
+                                                        "on all but the last micro-batch)")
     args = p.parse_args()
 
     L.seed_everything(0, verbose=False)
@@ -62,7 +64,7 @@ def main():
                         collate_fn=collate if args.slow_collate_ms else None)
     devices = args.devices or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's process count on this node
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                        max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        max_steps=args.steps, accumulate_grad_batches=args.accum, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(LitNet(args.width, args.slow_rank), loader)
 
