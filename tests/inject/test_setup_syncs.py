@@ -1,14 +1,17 @@
 """Configuration causes met in a script's run: host syncs per step (counted on a GPU, said not measured on CPU),
-one rank serving every rank's data (accelerate's dispatcher), an exchange on every micro-batch."""
+one rank serving every rank's data (accelerate's dispatcher), an exchange on every micro-batch, a CPU affinity the
+script narrowed."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 from inject_helpers import injected
 
 from trainscale.inject.syncs import NOT_ON_CPU, SyncCounter
+from trainscale.lab.advice.script import script_advice, script_context
 from trainscale.lab.advice.setup import setup_causes
 
 pytestmark = pytest.mark.dist
@@ -108,3 +111,23 @@ def test_accumulation_that_exchanges_every_micro_batch_is_named_and_no_sync_is_n
     setup, rows = setup_of("lightning_train.py", ["--accum", "4"], "lightning")
     assert (setup["micro_batches_per_step"], setup["exchanges_per_step"]) == (4, 1)
     assert "exchange_every_micro_batch" not in rows
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and 2 cores to narrow")
+def test_an_affinity_the_script_narrowed_is_named_and_advised_first(tmp_path):
+    """A package that pins the process to one core at import (pytorch#82219): its loader workers and threads share
+    that core while the others idle. The setup names it, and the CPU-contention and input advice start with it."""
+    s = injected("ddp_train.py", ["--steps", "100000", "--pin-cpu"], tmp_path, switches=["--steps", "8"])
+    setup = s["injected"]["setup"]
+    assert (setup["cores"], setup["cores_at_start"]) == (1, len(os.sched_getaffinity(0)))
+    row = {r["name"]: r for r in setup_causes(s, s["step_time_s"])}["cpu_affinity"]
+    assert row["evidence"].startswith(f"each process may run on 1 core(s) of the {setup['cores_at_start']}")
+    assert "os.sched_setaffinity(0, saved)" in row["advice"]
+    ctx = script_context(s)
+    contention = {"name": "cpu_contention", "who": {"cores": 2, "oversubscribed": True, "exchange_on_cpu": True}}
+    assert script_advice(contention, ctx, 2) == row["advice"]  # not "fewer loader workers" for a core too few
+    assert script_advice({"name": "input"}, ctx, 2).startswith(row["advice"])
+    plain = injected("ddp_train.py", ["--steps", "100000"], tmp_path / "plain", switches=["--steps", "8"])
+    assert "cpu_affinity" not in {r["name"] for r in setup_causes(plain, plain["step_time_s"])}

@@ -4,7 +4,8 @@ No trainscale import: the doctor reaches it from outside. The switches after ``-
 trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms a batch, no workers),
 ``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step),
 ``--accum 4`` (gradients accumulated over 4 micro-batches, as a first try does: each one exchanged), with
-``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last).
+``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last), ``--pin-cpu`` (the process pinned to one
+core, as some packages do at import: pytorch#82219).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
@@ -12,6 +13,7 @@ trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms 
 
 import argparse
 import contextlib
+import os
 import time
 
 import torch
@@ -55,10 +57,13 @@ def main():
     p.add_argument("--find-unused", action="store_true")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--no-sync", action="store_true", help="exchange on the last micro-batch only")
+    p.add_argument("--pin-cpu", action="store_true", help="pin this process to its first allowed core")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
     args = p.parse_args()
+    if args.pin_cpu:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

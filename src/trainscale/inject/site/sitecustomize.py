@@ -33,6 +33,8 @@ def _wanted() -> bool:
     if owner and owner != str(os.getpid()):
         return False  # a child of the rank (a spawned loader worker, a subprocess): never instrumented
     os.environ["TRAINSCALE_INJECT_PID"] = str(os.getpid())
+    if hasattr(os, "sched_getaffinity"):  # before the script runs: a package it imports may narrow it
+        os.environ["TRAINSCALE_START_CPUS"] = str(len(os.sched_getaffinity(0)))
     return True
 
 

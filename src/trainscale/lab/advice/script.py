@@ -21,7 +21,7 @@ from ..decomposition import what_if
 from .suggest import LATENCY_BOUND_BYTES, suggest
 
 __all__ = ["script_context", "exchange_facts", "exchange_text", "exchange_advice", "input_advice", "script_advice",
-           "for_script", "cannot_apply", "bucket_change", "small_buckets", "fit_threads"]
+           "for_script", "cannot_apply", "bucket_change", "small_buckets", "fit_threads", "narrowed_affinity"]
 
 DDP_DEFAULT_CAP_MB = 25.0  # DistributedDataParallel(bucket_cap_mb=25) unless the script sets it
 
@@ -116,6 +116,7 @@ def script_context(summary: dict[str, Any]) -> dict[str, Any]:
             "workers": setup.get("loader_workers") or 0, "batch_size": summary.get("batch_size"),
             "threads": setup.get("threads") or summary.get("threads"), "threads_cfg": 0,
             "processes_per_node": setup.get("processes_per_node"), "cores": setup.get("cores"),
+            "cores_at_start": setup.get("cores_at_start") or setup.get("cores"),
             "slow_rank": -1, "sample_delay_ms": 0.0, "compression": "none", "local_sgd_period": 0, "fsdp": False,
             "reshard_after_forward": True, "fsdp_reduce_dtype": "fp32", "strategy_fields": [], "data_fields": [],
             "device": summary.get("device")}
@@ -164,6 +165,8 @@ def exchange_advice(ctx: dict[str, Any]) -> str:
 
 def input_advice(ctx: dict[str, Any], competes: bool = False) -> str:
     """Load in parallel and ahead of the step, or (when the loader competes with the step for cores) cheaper."""
+    if (narrowed := narrowed_affinity(ctx)) is not None:
+        return narrowed + ", then load in parallel and ahead of the step"
     if competes:
         return (f"give loading cores of its own (processes x threads ({_THREADS.format(t='T')}) + loader workers <= "
                 "cores), or make it cheaper (keep samples uint8 until the device); more loader workers would take more")
@@ -183,6 +186,20 @@ def _cores_text() -> str:
             "<= cores; taskset -c / numactl)")
 
 
+def narrowed_affinity(ctx: dict[str, Any]) -> str | None:
+    """The change to make first when the script narrowed its own CPU affinity (None when it did not).
+
+    A package that pins the process to a core at import (pytorch#82219, #101850) leaves the loader workers and
+    intra-op threads it starts afterwards on that core, while the others the process was given stay idle.
+    """
+    now, start = int(ctx.get("cores") or 0), int(ctx.get("cores_at_start") or 0)
+    if not now or start <= now:
+        return None
+    return (f"restore the CPU affinity that the script, or a package it imports, narrowed from {start} to {now} "
+            "core(s): saved = os.sched_getaffinity(0) before the imports, os.sched_setaffinity(0, saved) after them "
+            "(loader workers and threads started later inherit it)")
+
+
 def fit_threads(per_process: int, threads: int, workers: int) -> str:
     """The change that fits one process's intra-op threads and loader workers in ``per_process`` cores: fewer
     threads where there are several, else fewer loader workers (a process keeps at least one thread)."""
@@ -199,6 +216,8 @@ def _contention(c: dict[str, Any], ctx: dict[str, Any], n: int) -> str:
     who = c.get("who") or {}
     if who.get("outside"):
         return str(c.get("suggestion") or "")  # names the outside processes: nothing of the script's to change
+    if (narrowed := narrowed_affinity(ctx)) is not None:
+        return narrowed
     cores, workers, threads = int(who.get("cores") or 0), int(ctx.get("workers") or 0), int(ctx.get("threads") or 1)
     if who.get("oversubscribed") and cores:
         return f"the job oversubscribes the cores: {fit_threads(cores // max(1, n), threads, workers)}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .script import bucket_change, fit_threads, script_context, small_buckets
+from .script import bucket_change, fit_threads, narrowed_affinity, script_context, small_buckets
 
 __all__ = ["setup_causes"]
 
@@ -70,6 +70,12 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
                          fw, "dispatch_batches=False, with a dataset each rank reads its own part of")})
     threads, workers = setup.get("threads") or 1, setup.get("loader_workers") or 0
     procs, cores = setup.get("processes_per_node") or 1, setup.get("cores") or 1
+    if (narrowed := narrowed_affinity(script_context(summary))) is not None:
+        rows.append({"name": "cpu_affinity", "seconds_per_step": None,
+                     "evidence": f"each process may run on {cores} core(s) of the {setup['cores_at_start']} it was "
+                                 f"started with: the script (or a package it imports) narrowed its CPU affinity, and its {workers} loader "
+                                 f"worker(s) and {threads} intra-op thread(s) share what is left",
+                     "advice": narrowed})
     if procs * (threads + workers) > cores:
         rows.append({"name": "threads", "seconds_per_step": None,
                      "evidence": f"{procs} processes x ({threads} intra-op threads + {workers} loader workers) = "
