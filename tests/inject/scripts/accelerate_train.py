@@ -52,9 +52,10 @@ def main():
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--accum", type=int, default=1, help="gradient_accumulation_steps (accelerator.accumulate)")
     args = p.parse_args()
 
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accum)
     torch.manual_seed(0)
     model = Net(args.width, 3.0 if accelerator.process_index == args.slow_rank else 1.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -73,11 +74,12 @@ def main():
     step = 0
     while step < args.steps:
         for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            step += 1
+            with accelerator.accumulate(model):  # steps and exchanges on every accum-th batch only
+                optimizer.zero_grad()
+                loss = loss_fn(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+            step += accelerator.sync_gradients
             if step == args.steps:
                 break
     accelerator.print(f"done: {step} steps, loss {loss.item():.4f}")

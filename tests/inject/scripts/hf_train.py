@@ -36,6 +36,7 @@ def main():
     p.add_argument("--slow-collate-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--cuda", action="store_true")
+    p.add_argument("--accum", type=int, default=1, help="gradient_accumulation_steps")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -58,6 +59,7 @@ def main():
 
     out = tempfile.mkdtemp(prefix="hf_train_")
     training = TrainingArguments(output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+                                 gradient_accumulation_steps=args.accum,
                                  learning_rate=1e-3, use_cpu=not args.cuda,
                                  ddp_backend="gloo" if args.cuda else None, report_to=[], save_strategy="no",
                                  logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0)
