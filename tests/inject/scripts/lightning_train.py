@@ -64,8 +64,8 @@ def main():
                         collate_fn=collate if args.slow_collate_ms else None)
     devices = args.devices or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's process count on this node
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                        max_steps=args.steps, accumulate_grad_batches=args.accum, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+                        max_steps=args.steps, accumulate_grad_batches=args.accum, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(LitNet(args.width, args.slow_rank), loader)
 
 

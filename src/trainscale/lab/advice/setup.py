@@ -73,8 +73,8 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
     if (narrowed := narrowed_affinity(script_context(summary))) is not None:
         rows.append({"name": "cpu_affinity", "seconds_per_step": None,
                      "evidence": f"each process may run on {cores} core(s) of the {setup['cores_at_start']} it was "
-                                 f"started with: the script (or a package it imports) narrowed its CPU affinity, and its {workers} loader "
-                                 f"worker(s) and {threads} intra-op thread(s) share what is left",
+                                 "started with: the script (or a package it imports) narrowed its CPU affinity, and "
+                                 f"its {workers} loader worker(s) and {threads} intra-op thread(s) share what is left",
                      "advice": narrowed})
     if procs * (threads + workers) > cores:
         rows.append({"name": "threads", "seconds_per_step": None,
