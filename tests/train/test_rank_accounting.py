@@ -198,9 +198,11 @@ def test_under_fsdp_the_exposed_wait_is_the_blocked_time_outside_the_data_wait()
         t_prev = now
     acct.end()
     steps = steps[1:]
-    comm = [acct.row(i, steps[i], 0.004)[3] for i in range(4)]
-    # 12 ms blocked beyond the data wait; sleeps overshoot and a busy machine adds run-queue wait, not this.
-    assert all(0.010 <= c <= 0.012 + 0.010 for c in comm), comm
+    rows = [acct.row(i, steps[i], 0.004) for i in range(4)]
+    # 12 ms blocked beyond the data wait. Sleeps overshoot; on a busy machine the thread then waits for a core
+    # after waking, which is its run-queue wait (row[0]), not the collective's: the two together hold the 12 ms.
+    comm = [r[3] for r in rows]
+    assert all(0.010 <= r[3] + r[0] and r[3] <= 0.012 + 0.010 for r in rows), (comm, [r[0] for r in rows])
     assert Accounting(0, CommMeter(), True, 0.0, 0.0).comm_blocked is False  # DDP: its gradient hooks time it
 
 
