@@ -45,10 +45,11 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
     """The configuration causes of the N-process run ``summary`` (empty for a run on the run API)."""
     inj = summary.get("injected") or {}
     setup, ddp, fw = inj.get("setup") or {}, inj.get("ddp") or [], (inj.get("framework") or {}).get("name", "")
+    ctx = script_context(summary)  # the script's settings, as the advice reads them
     rows = []
     if ddp and ddp[0].get("find_unused_parameters"):
         rows.append(_find_unused(ddp[0], setup, fw, step_time_n_s))
-    if ddp and small_buckets(ctx := script_context(summary)):
+    if ddp and small_buckets(ctx):
         rows.append(_buckets(ctx, fw))
     micro, exchanges = setup.get("micro_batches_per_step") or 1, setup.get("exchanges_per_step") or 0
     if ddp and micro > 1 and exchanges >= micro:
@@ -70,7 +71,7 @@ def setup_causes(summary: dict[str, Any], step_time_n_s: float) -> list[dict[str
                          fw, "dispatch_batches=False, with a dataset each rank reads its own part of")})
     threads, workers = setup.get("threads") or 1, setup.get("loader_workers") or 0
     procs, cores = setup.get("processes_per_node") or 1, setup.get("cores") or 1
-    if (narrowed := narrowed_affinity(script_context(summary))) is not None:
+    if (narrowed := narrowed_affinity(ctx)) is not None:
         rows.append({"name": "cpu_affinity", "seconds_per_step": None,
                      "evidence": f"each process may run on {cores} core(s) of the {setup['cores_at_start']} it was "
                                  "started with: the script (or a package it imports) narrowed its CPU affinity, and "
