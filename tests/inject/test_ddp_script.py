@@ -168,3 +168,18 @@ def test_the_agent_finds_the_device_of_a_model_no_framework_wrapped():
     assert agent._device() == torch.device("cpu")  # nothing seen yet
     agent.optimizers.append(torch.optim.SGD(nn.Linear(2, 2, device="meta").parameters(), lr=0.1))
     assert agent._device() == torch.device("meta")  # any device but the CPU default: the GPU's, on a GPU
+
+
+@pytest.mark.timeout(300)
+def test_the_injected_phases_measure_a_slow_collate_as_data_wait(tmp_path):
+    """A 20 ms collate is the base phase's data wait and not its compute, the batch that ``no_data`` replays waits
+    for nothing, and every measured step carries its rank's accounting (run-queue, CPU, the exchange's wait)."""
+    phased = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "6", "--steps", "31"]
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--slow-collate-ms", "20"], tmp_path,
+                 switches=phased)
+    # rows: [cycle, step, compute, data wait, run-queue (training thread), run-queue (+ backend), CPU, exchange wait]
+    rows = {name: [row for rank in part["rank_steps"] for row in rank] for name, part in s["phases"].items()}
+    assert set(rows) == {"base", "no_data"} and all(len(r) >= 2 * 5 for r in rows.values())
+    assert all(0.018 <= row[3] < row[1] and 0 < row[2] < 0.018 for row in rows["base"]), rows["base"]
+    assert all(row[3] < 0.005 and 0 < row[2] < 0.018 for row in rows["no_data"]), rows["no_data"]
+    assert all(math.isfinite(x) and x >= 0 for r in rows.values() for row in r for x in row[4:8]), rows
