@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +105,21 @@ def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # rank 0's weights broadcast when no_comm ended
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("model", ["eager", "compiled"])
+def test_no_comm_stops_the_exchange_of_an_eager_and_a_compiled_model(tmp_path, model):
+    # The script ends inside a no_comm block (steps 8-11, after 3 of warm-up and a base block): each rank has
+    # stepped on its own gradients since step 8, and no broadcast has made the replicas agree again.
+    phased = ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"]
+    each = tmp_path / "w"
+    compiled = ["--compile"] if model == "compiled" else []
+    s = injected("ddp_train.py", ["--steps", "10", "--width", "64", "--save-each", str(each), *compiled], tmp_path,
+                 switches=phased, timeout=200)
+    assert not s["injected"]["experiments_not_run"]
+    a, b = torch.load(f"{each}.rank0"), torch.load(f"{each}.rank1")
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.timeout(200)
 def test_compute_is_not_measured_without_the_backward_hook(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINSCALE_INJECT_SKIP", "backward")  # as on a PyTorch without the autograd callback
@@ -183,3 +199,42 @@ def test_the_injected_phases_measure_a_slow_collate_as_data_wait(tmp_path):
     assert all(0.018 <= row[3] < row[1] and 0 < row[2] < 0.018 for row in rows["base"]), rows["base"]
     assert all(row[3] < 0.005 and 0 < row[2] < 0.018 for row in rows["no_data"]), rows["no_data"]
     assert all(math.isfinite(x) and x >= 0 for r in rows.values() for row in r for x in row[4:8]), rows
+
+
+@pytest.mark.timeout(240)
+def test_a_script_s_own_fsdp_exchange_is_measured_since_it_cannot_be_switched_off(tmp_path):
+    """FSDP2 (``fully_shard``) gathers parameters in every step: ``no_comm`` keeps the exchange and says so; its
+    units and bytes are the run API's ``fsdp`` object, and each step's exposed wait in the collectives is measured
+    (the lab derives ``no_comm`` from it, ``lab.terms.measured_exchange``)."""
+    phased = ["--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "4", "--steps", "27"]
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--fsdp"], tmp_path, switches=phased)
+    assert "FSDP" in s["injected"]["experiments_not_run"]["no_comm"] and "no_data" not in s["injected"][
+        "experiments_not_run"]
+    elements = (64 * 64 + 64) + (64 * 64 + 64) + (64 * 10 + 10)  # the three Linear units' parameters; the root owns none
+    f = s["fsdp"]
+    assert f["units"] == 3 and f["reshard_after_forward"] and f["reduce_dtype"] == "fp32"
+    assert f["reduce_scatter_bytes_per_step"] == pytest.approx(4 * elements / 2)  # ring volume at 2 ranks, fp32
+    assert f["allgather_bytes_per_step"] == pytest.approx(2 * 4 * elements / 2)  # gathered in forward and backward
+    exposed = [row[7] for rank in s["phases"]["base"]["rank_steps"] for row in rank]
+    assert exposed and all(math.isfinite(x) and x >= 0 for x in exposed) and max(exposed) > 0
+
+
+@pytest.mark.full  # its parts in make test: the test above, tests/lab/test_accounting.py
+@pytest.mark.timeout(600)
+def test_the_doctor_measures_a_script_s_fsdp_exchange_and_advises_in_its_terms(tmp_path):
+    out = tmp_path / "doc"
+    r = run_cli(["doctor", "--nproc", "2", "--quick", "--cycles", "4", "--phase-steps", "6", "--out", str(out), "--",
+                 "torchrun", "--nproc-per-node", "2", str(SCRIPTS / "ddp_train.py"), "--fsdp", "--width", "256",
+                 "--steps", "100000"], timeout=580)
+    assert r.rc == 0, r.err[-3000:]
+    doc = read_json(out / "doctor.json")
+    comm = next(c for c in doc["causes"] if c["name"] == "communication")
+    assert comm["evidence"].startswith("FSDP over 3 unit(s): all-gather 0.34 MB"), comm["evidence"]
+    assert "fully_shard(block, reshard_after_forward=False)" in comm["suggestion"] and not comm["apply_flags"]
+
+    def exposed(k):  # the median measured wait in collectives of rank 0's no_data steps, at k processes
+        s = read_json(next((out / "runs").glob(f"phases_n{k}_r*.json")))
+        return statistics.median(row[7] for row in s["phases"]["no_data"]["rank_steps"][0])
+    assert exposed(2) > exposed(1) >= 0
+    assert comm["significant"] or next(c for c in doc["causes"] if c["name"] == "cpu_contention")["significant"]
+    assert "no_comm not run: FSDP (fully_shard)" in " ".join((out / "doctor.md").read_text().split())

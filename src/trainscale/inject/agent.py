@@ -96,6 +96,7 @@ class Agent:
         self.graph_end: GraphEnd | None = None  # on CPU: the graph's end without a hook per step
         self.mode = StepMode()
         self.ddps: list[Any] = []
+        self.fsdp_units: list[dict[str, Any]] = []  # each ``fully_shard`` call's unit (``fsdp.py``)
         self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
         self.fixed: Any = None
         self.depth = 0
@@ -187,6 +188,9 @@ class Agent:
         self.backend = backend_now(device)
         self.store = connect_store()
         self.meter = GradMeter(device.type == "cpu")
+        # FSDP's collectives run all through forward and backward: on CPU their exposed wait is the training
+        # thread's time blocked outside its data wait, as under the run API's FSDP
+        self.meter.blocked_is_exposed = bool(self.fsdp_units) and device.type == "cpu"
         self.status["host_syncs"] = self.syncs.start(torch, device.type)
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         acct = None
@@ -224,9 +228,15 @@ class Agent:
             self.phases_unrun["no_data"] = f"the loader could not be reached ({self.status.get('data_wait')})"
         if "no_comm" in phases and not reached.get("ddp"):
             self.phases_unrun["no_comm"] = f"DDP could not be reached ({self.status.get('ddp')})"
+        elif "no_comm" in phases and self.world > 1 and not self.ddps and self.fsdp_units:
+            measured = self.meter is not None and self.meter.blocked_is_exposed
+            self.phases_unrun["no_comm"] = (
+                "FSDP (fully_shard) gathers the parameters in every step: its no_comm phase kept the exchange, "
+                + ("whose exposed wait was measured instead" if measured else
+                   "whose wait is the GPU's, not measured from the host: it is counted in compute"))
         elif "no_comm" in phases and self.world > 1 and not self.ddps:
-            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FSDP, DeepSpeed or its own "
-                                            "exchange): its no_comm phase kept the exchange")
+            self.phases_unrun["no_comm"] = ("no DistributedDataParallel in this script (FullyShardedDataParallel, "
+                                            "DeepSpeed or its own exchange): its no_comm phase kept the exchange")
 
     def _switch(self, new: StepMode) -> None:
         """Into or out of ``no_comm``: DDP's own switch, and rank 0's weights broadcast when the phase ends."""

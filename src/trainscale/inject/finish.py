@@ -25,6 +25,7 @@ from ..reporting.stats import median_interdecile
 from ..schema import SCHEMA_VERSION, write_summary
 from ..train.instruments import merge_accounting, merge_phase_stats, write_trace
 from .collectives import add_to_summary
+from .fsdp import fsdp_facts
 
 __all__ = ["connect_store", "finish_run", "backend_now", "NO_STEP"]
 
@@ -201,6 +202,9 @@ def build_summary(agent: Any, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "slow_rank": -1, "slow_factor": 1.0, "stragglers": [],
         "wall_s": wall, "config": config_to_dict(agent.cfg), "loss_curve": [],
         **ins.summary(),
+        # FSDP's exposed wait measured (on CPU): the lab derives its no_comm from it (``terms.measured_exchange``)
+        **({"fsdp": fsdp_facts(agent.fsdp_units, world, per_rank[0]["micro"])}
+           if agent.fsdp_units and agent.meter is not None and agent.meter.blocked_is_exposed else {}),
         "injected": {"framework": fw, "setup": setup, "ddp": ddp, "measurements": per_rank[0]["status"],
                      "experiments_not_run": agent.phases_unrun, "argv": list(sys.argv)},
     }

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .collectives import install_collectives
+from .fsdp import install_fsdp
 from .launchers import LIGHTNING_CONNECTORS, lightning_devices, refuse_spawn
 
 __all__ = ["install", "after_import", "SKIP"]
@@ -65,7 +66,8 @@ def install(agent: Any) -> dict[str, str]:
 
     skip = {s.strip() for s in os.environ.get(SKIP, "").split(",") if s.strip()}
     patches = {"step": _optimizer_hooks, "amp_skipped_steps": _scaler, "backward": _backward, "data_wait": _loader,
-               "ddp": _ddp, "own_processes": refuse_spawn, "framework_collectives": install_collectives}
+               "ddp": _ddp, "fsdp": install_fsdp, "own_processes": refuse_spawn,
+               "framework_collectives": install_collectives}
     status = {name: f"not measured: left out ({SKIP})" if name in skip else patch(torch, agent)
               for name, patch in patches.items()}
     if "data_wait" not in skip:

@@ -186,7 +186,8 @@ def measure(runs: Runs, n: int, ctx: dict[str, Any], profiles: tuple[dict[str, A
 def measured_exchange(runs: Runs) -> Runs:
     """``runs`` with a ``no_comm`` configuration where FSDP could not run one: its ``no_data`` steps less each
     step's measured exposed communication (``rank_steps`` column 7, the training thread blocked outside its data
-    wait; NaN off CPU counts as none).
+    wait; NaN off CPU counts as none). A script's own FSDP ran its ``no_comm`` phase with the exchange kept: that
+    phase is replaced likewise.
 
     FSDP all-gathers the parameters each unit computes with, so no step runs without communication; what
     removing the exchange would save is what the step waited for it, measured per step. The rows keep their
@@ -198,7 +199,7 @@ def measured_exchange(runs: Runs) -> Runs:
 
     out = dict(runs)
     for (cfg, k), parts in runs.items():
-        if cfg == "no_data" and ("no_comm", k) not in runs and parts and parts[0].get("fsdp"):
+        if cfg == "no_data" and parts and parts[0].get("fsdp"):
             out[("no_comm", k)] = [{**p, "rank_steps": [[without_exchange(r) for r in rows]
                                                         for rows in p.get("rank_steps") or []]} for p in parts]
     return out
@@ -209,7 +210,7 @@ def _exchange_evidence(base_n: dict[str, Any], t: dict[tuple[str, int], list[flo
     saved = (f"{ms(median(t['no_data', n]) - median(t['no_comm', n]))} ms/step at {n} processes vs "
              f"{ms(median(t['no_data', 1]) - median(t['no_comm', 1]))} ms at 1")
     f = base_n.get("fsdp")
-    if base_n.get("injected"):  # a script's own DDP: what its logging data says, the run API's fields unset
+    if base_n.get("injected") and not f:  # a script's own DDP: what its logging data says
         from .advice.script import exchange_text
 
         return f"{exchange_text(base_n)}; removing gradient exchange saves {saved}"

@@ -5,7 +5,8 @@ trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms 
 ``--slow-rank 1`` (that rank's forward 3x slower), ``--find-unused`` (DDP walks the graph every step),
 ``--accum 4`` (gradients accumulated over 4 micro-batches, as a first try does: each one exchanged), with
 ``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last), ``--pin-cpu`` (the process pinned to one
-core, as some packages do at import: pytorch#82219).
+core, as some packages do at import: pytorch#82219), ``--compile`` (``torch.compile`` of the DDP model, as
+PyTorch's DDP + compile notes do), ``--fsdp`` (FSDP2's ``fully_shard`` on each layer and the model, no DDP).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
@@ -58,6 +59,8 @@ def main():
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--no-sync", action="store_true", help="exchange on the last micro-batch only")
     p.add_argument("--pin-cpu", action="store_true", help="pin this process to its first allowed core")
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
+    p.add_argument("--fsdp", action="store_true", help="shard the model with fully_shard (FSDP2) instead of DDP")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
@@ -70,8 +73,18 @@ def main():
     torch.manual_seed(0)
     device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
     model = ToyModel(args.width, 3.0 if rank == args.slow_rank else 1.0).to(device)
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    find_unused_parameters=args.find_unused)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.net:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        ddp_model = fully_shard(model)
+    else:
+        ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                        find_unused_parameters=args.find_unused)
+    if args.compile:
+        ddp_model = torch.compile(ddp_model)
     loss_fn = nn.CrossEntropyLoss()
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
 

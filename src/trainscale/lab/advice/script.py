@@ -108,7 +108,7 @@ def script_context(summary: dict[str, Any]) -> dict[str, Any]:
     any job, with no trainscale option fields: no suggestion it makes can name one to try.
     """
     inj = summary.get("injected") or {}
-    setup, f = inj.get("setup") or {}, exchange_facts(summary)
+    setup, f, fsdp = inj.get("setup") or {}, exchange_facts(summary), summary.get("fsdp") or {}
     return {"script": True, "framework": (inj.get("framework") or {}).get("name", "PyTorch"),
             "bucket_mb": f["cap_mb"], "overlap": True,  # DDP starts each bucket's all-reduce as soon as it fills
             "buckets": f["buckets"], "gradient_bytes": f["gradient_bytes"], "overlap_frac": f["overlap_frac"],
@@ -117,8 +117,9 @@ def script_context(summary: dict[str, Any]) -> dict[str, Any]:
             "threads": setup.get("threads") or summary.get("threads"), "threads_cfg": 0,
             "processes_per_node": setup.get("processes_per_node"), "cores": setup.get("cores"),
             "cores_at_start": setup.get("cores_at_start") or setup.get("cores"),
-            "slow_rank": -1, "sample_delay_ms": 0.0, "compression": "none", "local_sgd_period": 0, "fsdp": False,
-            "reshard_after_forward": True, "fsdp_reduce_dtype": "fp32", "strategy_fields": [], "data_fields": [],
+            "slow_rank": -1, "sample_delay_ms": 0.0, "compression": "none", "local_sgd_period": 0,
+            "fsdp": bool(fsdp), "reshard_after_forward": fsdp.get("reshard_after_forward", True),
+            "fsdp_reduce_dtype": fsdp.get("reduce_dtype", "fp32"), "strategy_fields": [], "data_fields": [],
             "device": summary.get("device")}
 
 
@@ -137,6 +138,9 @@ def _batch(ctx: dict[str, Any]) -> str:
 
 def _accumulate(ctx: dict[str, Any], k: int = 2) -> str:
     """Gradient accumulation over ``k`` micro-batches, exchanging only on the last, in the script's framework."""
+    if ctx.get("fsdp") and ctx.get("framework", "PyTorch") == "PyTorch":  # FSDP2 has no no_sync()
+        return (f"step the optimizer every {k} micro-batches with `model.set_requires_gradient_sync(last)` before "
+                "each backward")
     return _in(_ACCUMULATE, ctx.get("framework", ""), _ACCUMULATE["PyTorch"], k=k)
 
 
@@ -152,7 +156,10 @@ def small_buckets(ctx: dict[str, Any]) -> bool:
 
 
 def exchange_advice(ctx: dict[str, Any]) -> str:
-    """DDP's exchange: fuse small buckets, else exchange less often or over more samples, in the script's terms."""
+    """DDP's exchange: fuse small buckets, else exchange less often or over more samples, in the script's terms;
+    FSDP's: gather once a step, then reduce in half the bytes, then amortise."""
+    if ctx.get("fsdp"):
+        return _fsdp_exchange(ctx)
     grads = ctx.get("gradient_bytes")
     if small_buckets(ctx):
         return (f"fuse the gradients into fewer, larger all-reduces: {bucket_change(ctx.get('framework', ''))} (now "
@@ -161,6 +168,18 @@ def exchange_advice(ctx: dict[str, Any]) -> str:
            and 0 < grads < LATENCY_BOUND_BYTES else "")
     return (f"{why}exchange less often: accumulate gradients over 2 micro-batches ({_accumulate(ctx)}), or amortise "
             f"each exchange over {_batch(ctx)}")
+
+
+def _fsdp_exchange(ctx: dict[str, Any]) -> str:
+    """The script's ``fully_shard`` calls changed, as the run API's FSDP advice changes its options."""
+    if ctx.get("reshard_after_forward", True):
+        return ("keep each unit's parameters gathered from forward to backward: fully_shard(block, "
+                "reshard_after_forward=False) (one all-gather per unit and step instead of two; each rank then holds "
+                "the whole unsharded parameters through backward)")
+    if ctx.get("fsdp_reduce_dtype", "fp32") == "fp32":
+        return ("reduce-scatter the gradients in bf16: fully_shard(..., mp_policy=MixedPrecisionPolicy("
+                "reduce_dtype=torch.bfloat16)) (half the bytes; the sharded update stays fp32)")
+    return f"amortise each step's gathers over more samples: {_batch(ctx)}"
 
 
 def input_advice(ctx: dict[str, Any], competes: bool = False) -> str:
