@@ -208,9 +208,9 @@ def test_a_script_s_own_fsdp_exchange_is_measured_since_it_cannot_be_switched_of
     (the lab derives ``no_comm`` from it, ``lab.terms.measured_exchange``)."""
     phased = ["--ablate.phases", "base,no_data,no_comm", "--ablate.phase_steps", "4", "--steps", "27"]
     s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--fsdp"], tmp_path, switches=phased)
-    assert "FSDP" in s["injected"]["experiments_not_run"]["no_comm"] and "no_data" not in s["injected"][
-        "experiments_not_run"]
-    elements = (64 * 64 + 64) + (64 * 64 + 64) + (64 * 10 + 10)  # the three Linear units' parameters; the root owns none
+    unrun = s["injected"]["experiments_not_run"]
+    assert "FSDP" in unrun["no_comm"] and "no_data" not in unrun
+    elements = (64 * 64 + 64) + (64 * 64 + 64) + (64 * 10 + 10)  # the three Linear units'; the root owns none
     f = s["fsdp"]
     assert f["units"] == 3 and f["reshard_after_forward"] and f["reduce_dtype"] == "fp32"
     assert f["reduce_scatter_bytes_per_step"] == pytest.approx(4 * elements / 2)  # ring volume at 2 ranks, fp32

@@ -51,7 +51,8 @@ def _wrap(module: Any, units: list[dict[str, Any]]) -> None:
         units.append({"modules": mods, "elements": sum(p.numel() for p in params) - below,
                       "itemsize": params[0].element_size() if params else 4,
                       "reshard": kwargs.get("reshard_after_forward", True) is not False,
-                      "param_dtype": getattr(mp, "param_dtype", None), "reduce_dtype": getattr(mp, "reduce_dtype", None),
+                      "param_dtype": getattr(mp, "param_dtype", None),
+                      "reduce_dtype": getattr(mp, "reduce_dtype", None),
                       "offload": type(offload).__name__ == "CPUOffloadPolicy"})
         return original(target, *args, **kwargs)
 
@@ -65,12 +66,12 @@ def fsdp_facts(units: list[dict[str, Any]], world: int, micro: float) -> dict[st
     root = units[-1]  # the model, sharded last, as FSDP2's documentation and torchtitan do
     gathers = sum((1 + (u["reshard"] and u is not root)) * u["elements"] * _size(u, "param_dtype") for u in units)
     reduced = sum(u["elements"] * _size(u, "reduce_dtype") for u in units)
-    return {"units": len(units) - 1, "allgather_bytes_per_step": max(1.0, micro) * collective_bytes(
-                "all_gather", gathers, world),
+    return {"units": len(units) - 1,
+            "allgather_bytes_per_step": max(1.0, micro) * collective_bytes("all_gather", gathers, world),
             "reduce_scatter_bytes_per_step": collective_bytes("reduce_scatter", reduced, world),
             "reshard_after_forward": all(u["reshard"] for u in units[:-1]),
-            "param_dtype": _name(root["param_dtype"]), "reduce_dtype": _name(root["reduce_dtype"] or
-                                                                              root["param_dtype"]),
+            "param_dtype": _name(root["param_dtype"]),
+            "reduce_dtype": _name(root["reduce_dtype"] or root["param_dtype"]),
             "cpu_offload": any(u["offload"] for u in units)}
 
 
