@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from ..decomposition import what_if
-from .suggest import LATENCY_BOUND_BYTES, suggest
+from .suggest import LATENCY_BOUND_BYTES, fsdp_change, suggest
 
 __all__ = ["script_context", "exchange_facts", "exchange_text", "exchange_advice", "input_advice", "script_advice",
            "for_script", "cannot_apply", "bucket_change", "small_buckets", "fit_threads", "narrowed_affinity"]
@@ -171,12 +171,13 @@ def exchange_advice(ctx: dict[str, Any]) -> str:
 
 
 def _fsdp_exchange(ctx: dict[str, Any]) -> str:
-    """The script's ``fully_shard`` calls changed, as the run API's FSDP advice changes its options."""
-    if ctx.get("reshard_after_forward", True):
+    """FSDP's exchange (``suggest.fsdp_change``) as a change to the script's ``fully_shard`` calls."""
+    change = fsdp_change(ctx)
+    if change == "reshard":
         return ("keep each unit's parameters gathered from forward to backward: fully_shard(block, "
                 "reshard_after_forward=False) (one all-gather per unit and step instead of two; each rank then holds "
                 "the whole unsharded parameters through backward)")
-    if ctx.get("fsdp_reduce_dtype", "fp32") == "fp32":
+    if change == "reduce_dtype":
         return ("reduce-scatter the gradients in bf16: fully_shard(..., mp_policy=MixedPrecisionPolicy("
                 "reduce_dtype=torch.bfloat16)) (half the bytes; the sharded update stays fp32)")
     return f"amortise each step's gathers over more samples: {_batch(ctx)}"

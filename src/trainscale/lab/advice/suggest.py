@@ -93,13 +93,22 @@ def _ddp_exchange(ctx: dict[str, Any], sf: list[str]) -> tuple[str, dict[str, st
             {"data.batch_size": str(batch)})
 
 
-def _fsdp_exchange(ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """FSDP's exchange: gather once per step where memory allows, else reduce in half the bytes, else amortise."""
+def fsdp_change(ctx: dict[str, Any]) -> str:
+    """FSDP's next change: gather once per step where memory allows (``reshard``), else reduce in half the bytes
+    (``reduce_dtype``), else amortise over a larger batch (``batch``); the run API and a script word it apart."""
     if ctx.get("reshard_after_forward", True):
+        return "reshard"
+    return "reduce_dtype" if ctx.get("fsdp_reduce_dtype", "fp32") == "fp32" else "batch"
+
+
+def _fsdp_exchange(ctx: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """FSDP's exchange (``fsdp_change``) in the run API's options."""
+    change = fsdp_change(ctx)
+    if change == "reshard":
         return ("keep each unit's parameters gathered from forward to backward: --strategy.reshard_after_forward "
                 "false (one all-gather per unit and step instead of two; each rank then holds the whole "
                 "unsharded parameters through backward)", {"strategy.reshard_after_forward": "false"})
-    if ctx.get("fsdp_reduce_dtype", "fp32") == "fp32":
+    if change == "reduce_dtype":
         return ("reduce-scatter gradients in bf16: --strategy.fsdp_reduce_dtype bf16 (half the bytes; the "
                 "sharded update stays fp32)", {"strategy.fsdp_reduce_dtype": "bf16"})
     batch = 2 * int(ctx.get("batch_size", 32))
