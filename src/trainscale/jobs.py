@@ -237,12 +237,14 @@ def run_train(spec: RunSpec, timeout: float) -> dict[str, Any]:
     # The job's own output, kept beside its summary: the evidence behind a number or a failure.
     log = spec.json_path.with_suffix(".log")
     log.write_text(f"$ {spec.shell()}\n{out}\n{err}")
-    if rc != 0:
-        raise RunFailed(spec, gpu_shortage(err + out, spec.nproc, _visible_gpus()) + _error_lines(err + "\n" + out)
-                        + f" (full output: {log})")
     why = spec.json_path.with_name(spec.json_path.name + ".why")
-    if not spec.json_path.is_file() and why.is_file():  # an instrumented script says why it has no summary
-        raise RunFailed(spec, why.read_text().strip() + f" (full output: {log})")
+    # An instrumented script's rank 0 says why it has no summary; kept first when another rank then failed too
+    said = why.read_text().strip() if not spec.json_path.is_file() and why.is_file() else ""
+    if rc != 0:
+        raise RunFailed(spec, (said + " | " if said else "") + gpu_shortage(err + out, spec.nproc, _visible_gpus())
+                        + _error_lines(err + "\n" + out) + f" (full output: {log})")
+    if said:
+        raise RunFailed(spec, said + f" (full output: {log})")
     if not spec.json_path.is_file():
         raise RunFailed(spec, (API_HINT if spec.script else "no run summary written") + f" (full output: {log})")
     from .schema import read_summary

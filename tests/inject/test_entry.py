@@ -11,7 +11,7 @@ import pytest
 from trainscale.errors import ConfigError
 from trainscale.inject import pythonpath
 from trainscale.inject.command import parse_command, uses_run_api
-from trainscale.jobs import gpu_shortage
+from trainscale.jobs import RunFailed, RunSpec, gpu_shortage, run_train
 
 
 def test_commands_as_users_run_them(tmp_path):
@@ -109,3 +109,16 @@ def test_two_ranks_on_one_gpu_that_the_framework_cannot_share_is_said_so():
     assert gpu_shortage("RuntimeError: CUDA error: invalid device ordinal", 4, 2)
     assert gpu_shortage(trace, nproc=2, gpus=2) == gpu_shortage(trace, nproc=2, gpus=0) == ""
     assert gpu_shortage("IndexError: list index out of range", nproc=2, gpus=1) == ""  # the user's own bug
+
+
+def test_rank_0s_reason_is_kept_when_another_rank_then_fails(tmp_path):
+    """Rank 0 left why the run has no summary, then the job exited non-zero (another rank's teardown, seen once
+    in CI as a SIGABRT): the line starts with the reason and keeps the failure after it."""
+    script = tmp_path / "leaves.py"
+    script.write_text("import os, sys\nopen(os.environ['TRAINSCALE_JSON'] + '.why', 'w').write('observed only\\n')\n"
+                      "sys.exit('a rank died at exit')\n")
+    spec = RunSpec(1, [], tmp_path / "leaves_n1.json", "leaves.py at 1", script=[str(script)])
+    with pytest.raises(RunFailed) as e:
+        run_train(spec, 60)
+    said = str(e.value)
+    assert said.startswith("leaves.py at 1 failed: observed only | ") and "rank 0 failed: exit code 1" in said, said
