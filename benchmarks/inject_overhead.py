@@ -17,9 +17,11 @@ end. Last line: one JSON object. ``--count N`` counts instead what the injection
 step (Python and builtin calls, clock reads, schedstat reads, torch ops, bytes kept). ``--only GROUPS`` switches
 those patch groups alone (the others out in both arms); with ``--steady GROUPS`` the latter stay in, in both arms,
 so that the arms differ by ``--only``'s groups inside a fully instrumented step (one group's share of the whole).
+``--floor`` replaces the agent by stubs at the same seams that only read the clock and append (``Floor``): the
+least any instrumentation written in Python costs this step.
 
 Run: python benchmarks/inject_overhead.py [--groups 120 --chunk 24 --width 512 --accounting on] [--count 200]
-     [--only optimizer --steady backward,loader,ddp]
+     [--only optimizer --steady backward,loader,ddp] [--floor]
 """
 
 from __future__ import annotations
@@ -109,6 +111,47 @@ class Switch:
                     table[k] = v
                 else:
                     table.pop(k, None)
+
+
+class Floor:
+    """The floor of any hook written in Python: at each of the agent's seams, a stub that reads the clock and
+    appends it, then calls through (``--floor``). The agent's own patches are out in both arms.
+
+    The same seams as the agent's: the loader iterator's ``__next__``, DDP's ``forward`` and ``_post_forward``,
+    ``torch.autograd.backward``, the global optimizer pre and post hooks, and one post-accumulate-grad hook on a
+    parameter (the agent's graph-end mark).
+    """
+
+    def __init__(self, model: Any):
+        import torch.optim.optimizer as opt
+
+        self.opt, self.marks = opt, []
+        self.param = next(p for p in model.parameters() if p.requires_grad)
+        self.points = _patch_points()
+        self.plain = [getattr(o, a) for o, a in self.points]
+        self.stubs = [self._stub(fn) for fn in self.plain]
+        self.handles: list[Any] = []
+
+    def _stub(self, fn: Any) -> Any:
+        marks = self.marks
+
+        def seam(*args: Any, **kwargs: Any) -> Any:
+            marks.append(time.perf_counter())
+            return fn(*args, **kwargs)
+        return seam
+
+    def _mark(self, *args: Any) -> None:
+        self.marks.append(time.perf_counter())
+
+    def set(self, on: bool) -> None:
+        for (owner, attr), plain, stub in zip(self.points, self.plain, self.stubs):
+            setattr(owner, attr, stub if on else plain)
+        for h in self.handles:
+            h.remove()
+        self.handles = [self.opt.register_optimizer_step_pre_hook(self._mark),
+                        self.opt.register_optimizer_step_post_hook(self._mark),
+                        self.param.register_post_accumulate_grad_hook(self._mark)] if on else []
+        del self.marks[:]
 
 
 def _clipped_mean(times: list[float]) -> float:
@@ -207,7 +250,7 @@ def worker(a: argparse.Namespace) -> None:
     spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
     script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(script)  # type: ignore[union-attr]
-    switch = Switch(activate, set(a.only.split(",")), set(a.steady.split(",")) - {""})
+    switch: Any = Switch(activate, set() if a.floor else set(a.only.split(",")), set(a.steady.split(",")) - {""})
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(script.ToyModel(a.width))  # created patched: the agent sees it
@@ -217,6 +260,8 @@ def worker(a: argparse.Namespace) -> None:
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     batches = _endless(DataLoader(data, batch_size=64, sampler=sampler), sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
+    if a.floor:
+        switch = Floor(model)
     for on in (True, False):  # warm both arms; the agent starts its instruments at its first boundary
         switch.set(on)
         _steps(model, opt, loss_fn, batches, 3 * a.chunk)
@@ -245,7 +290,7 @@ def worker(a: argparse.Namespace) -> None:
             "overhead_ratio": round(statistics.median(ratios), 5), "ratio_ci90": [round(x, 5) for x in _ci90(ratios)],
             "plain_cpu_ms": round(statistics.median(c for _, c in arms[False]) * 1e3, 4),
             "instrumented_cpu_ms": round(statistics.median(c for _, c in arms[True]) * 1e3, 4),
-            "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting, "patches": a.only,
+            "cpu_ratio": round(statistics.median(cpu_ratios), 5), "accounting": a.accounting, "patches": "floor" if a.floor else a.only,
             **({"steady": a.steady} if a.steady else {}),
             "cpu_ratio_ci90": [round(x, 5) for x in _ci90(cpu_ratios)]}), flush=True)
     dist.barrier()
@@ -284,6 +329,9 @@ def main() -> None:
     p.add_argument("--steady", default="",
                    help="patch groups left in, in both arms (not switched): the share of --only's groups in the "
                         "whole injection")
+    p.add_argument("--floor", action="store_true",
+                   help="instead of the agent: at each of its seams a stub that reads the clock and appends it (the "
+                        "least any hook written in Python costs this step)")
     p.add_argument("--count", type=int, default=0,
                    help="instead of timing: count the training thread's work per step over this many steps")
     p.add_argument("--arm", choices=("on", "off", "both"), default="both",
@@ -301,7 +349,7 @@ def main() -> None:
                                    + ("true" if a.accounting == "on" else "false")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
            "--worker", "--groups", str(a.groups), "--chunk", str(a.chunk), "--width", str(a.width),
-           "--accounting", a.accounting, "--only", a.only, "--steady", a.steady, "--count", str(a.count),
+           "--accounting", a.accounting, "--only", a.only, "--steady", a.steady, *(["--floor"] if a.floor else []), "--count", str(a.count),
            "--arm", a.arm]
     load = os.getloadavg()[0]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
