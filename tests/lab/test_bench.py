@@ -19,6 +19,9 @@ def test_bench_default_job_writes_report_and_consistent_efficiency(tmp_path):
     r = run_cli(["bench", "--nproc", "1,2", "--repeat", "1", "--out", str(out), "--steps", "40",
                  "--job.threads", "1"], timeout=280)
     assert r.rc == 0, r.text
+    # not a terminal (a batch job's log): one line per run done, none before the first ends
+    said = [ln for ln in r.err.splitlines() if ln.startswith("bench: ")]
+    assert len(said) == 2 and said[0].startswith("bench: 1/2 runs, ") and "next: 2 process(es)" in said[0], r.err
     for name in ("bench.json", "report.md", "report.html", "throughput.png", "efficiency.png", "breakdown.png",
                  "ranks.png", "timeline.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name

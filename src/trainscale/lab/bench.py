@@ -20,17 +20,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 
 from ..config import Config, ConfigError, config_to_dict
 from ..jobs import LauncherOptions, RunFailed, RunSpec, check_train_args, instrumented, run_train, split_script
 from ..nodes import add_node_options, follow, launcher_options, leading, nodes
 from ..reporting import write_json
-from ..reporting.console import err_console
 from .bench_analysis import complete_points, make_point, run_record
 from .bench_report import print_result, write_plots, write_report
 from .common import cores, machine_description, parse_nproc_list
 from .plans import BenchPlan
+from .progress import LabProgress
 from .verdict import bench_verdict
 
 __all__ = ["main", "make_point", "complete_points"]
@@ -122,8 +122,7 @@ class _Sweep:
 
     def run(self, doc: dict[str, Any], forecast: dict[int, float]) -> None:
         """Measure every point, writing bench.json after each; a failed run ends the sweep with ``doc["error"]``."""
-        with Progress(TextColumn("bench {task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        with LabProgress("bench") as bar:
             task = bar.add_task("", total=self.plan.total_runs)
             for n in self.plan.nprocs:
                 runs = self._point(n, doc, bar, task)

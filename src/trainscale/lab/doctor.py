@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from ..config import ConfigError, config_to_dict
 from ..jobs import LauncherOptions, RunFailed, check_train_args, split_script
 from ..nodes import add_node_options, follow, launcher_options, leading, nodes
@@ -39,6 +37,7 @@ from .doctor_report import print_result, write_plots, write_report
 from .experiments import Lab, injected_note
 from .neighbours import LoadMonitor
 from .plans import DoctorPlan, thread_candidates
+from .progress import LabProgress
 from .stats import job_step_time, median
 from .verdict import adopt_verdict
 
@@ -141,8 +140,7 @@ def main(argv: list[str]) -> int:
     steps = cfg.log.skip_first + args.cycles * len(phases) * args.phase_steps
     phased = ["--ablate.phases", ",".join(phases), "--ablate.phase_steps", str(args.phase_steps), "--steps", str(steps)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar, LoadMonitor() as load, leading(launcher):
+    with LabProgress("doctor") as bar, LoadMonitor() as load, leading(launcher):
         out.mkdir(parents=True, exist_ok=True)  # once the lab's store is up: a refused port leaves no folder
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=2 * args.repeat), script, launcher)
 
@@ -283,8 +281,7 @@ def _pipeline_doctor(args: argparse.Namespace, rest: list[str], script: list[str
     doc: dict[str, Any] = {"kind": "pipeline", "causes": [], "runs": [], "error": None,
                            "machine": machine_description(),
                            "config": {"nproc": args.nproc, "repeat": args.repeat, "train_args": rest}}
-    with Progress(TextColumn("doctor {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar, leading(launcher):
+    with LabProgress("doctor") as bar, leading(launcher):
         out.mkdir(parents=True, exist_ok=True)
         lab = Lab(out, rest, args.timeout, bar, bar.add_task("", total=args.repeat * len(experiments)), script,
                   launcher)
