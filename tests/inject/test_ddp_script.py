@@ -94,6 +94,19 @@ def test_a_hook_that_cannot_be_reached_is_reported_never_fatal(tmp_path, monkeyp
 
 
 @pytest.mark.timeout(240)
+def test_an_evaluation_loop_inside_no_data_runs_to_its_end(tmp_path):
+    """``no_data`` replays the training loader's batch; a held-out loader read between steps (under no_grad) is
+    the script's own and ends: replayed, its loop never would (the doctor hung on such a script)."""
+    phased = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "3", "--steps", "13"]
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--eval-every", "2"], tmp_path,
+                 switches=phased, timeout=100)
+    log = (tmp_path / "ddp_train_n2.log").read_text()
+    assert log.count("eval at step") >= 6 and "eval at step 12: 256 samples" in log, log[-3000:]
+    assert s["phases"]["no_data"]["measured_steps"] > 0 and "no_data" not in s["injected"]["experiments_not_run"]
+    assert s["phases"]["no_data"]["data_wait_frac"] < s["phases"]["base"]["data_wait_frac"]
+
+
+@pytest.mark.timeout(240)
 def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
     # Blocks of 4 steps after 3 of warm-up: base, no_comm (replicas drift: each rank sees its own data), base.
     phased = ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"]

@@ -98,7 +98,9 @@ class Agent:
         self.ddps: list[Any] = []
         self.fsdp_units: list[dict[str, Any]] = []  # each ``fully_shard`` call's unit (``fsdp.py``)
         self.optimizers: list[Any] = []  # the script's optimizers (their state is broadcast with the weights)
-        self.fixed: Any = None
+        self.fixed: Any = None  # under no_data: the training loader's batch, replayed
+        self.last_it: Any = None  # the iterator of the latest batch taken
+        self.train_it: Any = None  # the one whose batch the latest backward trained on (no_data replays it alone)
         self.depth = 0
         self.samples: list[int] = []
         self.step_samples = self.micro = 0
@@ -266,12 +268,16 @@ class Agent:
 
     # ---- data and backward
     def next_batch(self, fetch: Any, it: Any) -> Any:
-        """The loop takes a batch: its wait is data wait; under ``no_data`` one batch is replayed."""
+        """The loop takes a batch: its wait is data wait; under ``no_data`` the training loader's batch is replayed.
+
+        Only the training loader's: another (an evaluation pass between steps) is read as the script reads it,
+        since a loop over a replayed iterator would never end."""
         if self.depth:
             return fetch(it)
         if self.workers is None:
             self.workers = int(getattr(it, "_num_workers", 0) or 0)
-        if self.mode.no_data and self.fixed is not None:
+        self.last_it = it
+        if self.mode.no_data and self.fixed is not None and it is self.train_it:
             batch = self.fixed
         else:
             t = time.perf_counter()
@@ -282,7 +288,7 @@ class Agent:
                 self.depth -= 1
             if self.ins is not None:
                 self.ins.data_wait(time.perf_counter() - t)
-            if self.mode.no_data:
+            if self.mode.no_data and it is self.train_it:
                 self.fixed = batch
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch  # (inputs, targets): no recursion
         self.step_samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
@@ -301,6 +307,7 @@ class Agent:
         if loss is None:
             return original(tensors, *args, **kwargs)
         self.micro += 1
+        self.train_it = self.last_it
         if self.loss_first is None:
             self.loss_first = loss.detach()  # once: its value without the graph (no host sync here on a GPU)
         # By reference, read at the end: backward frees the graph's saved tensors. A graph that outlives backward

@@ -6,7 +6,8 @@ trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms 
 ``--accum 4`` (gradients accumulated over 4 micro-batches, as a first try does: each one exchanged), with
 ``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last), ``--pin-cpu`` (the process pinned to one
 core, as some packages do at import: pytorch#82219), ``--compile`` (``torch.compile`` of the DDP model, as
-PyTorch's DDP + compile notes do), ``--fsdp`` (FSDP2's ``fully_shard`` on each layer and the model, no DDP).
+PyTorch's DDP + compile notes do), ``--fsdp`` (FSDP2's ``fully_shard`` on each layer and the model, no DDP),
+``--eval-every N`` (a pass over a held-out loader every N steps, under ``torch.no_grad``, as scripts evaluate).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
@@ -48,6 +49,19 @@ def slow_collate(ms):
     return collate
 
 
+def evaluate(model, loader, device, rank, step):
+    """Accuracy over a held-out loader, every batch of it, without gradients."""
+    model.eval()
+    right = seen = 0
+    with torch.no_grad():
+        for x, y in loader:
+            right += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
+            seen += len(y)
+    model.train()
+    if rank == 0:
+        print(f"eval at step {step}: {seen} samples, accuracy {right / seen:.3f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
@@ -61,6 +75,7 @@ def main():
     p.add_argument("--pin-cpu", action="store_true", help="pin this process to its first allowed core")
     p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
     p.add_argument("--fsdp", action="store_true", help="shard the model with fully_shard (FSDP2) instead of DDP")
+    p.add_argument("--eval-every", type=int, default=0, help="every N steps, a pass over a held-out loader")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
@@ -93,6 +108,8 @@ def main():
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     collate = slow_collate(args.slow_collate_ms) if args.slow_collate_ms else None
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
+    held_out = DataLoader(TensorDataset(torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)),
+                          batch_size=128)
 
     step, epoch, t_warm = 0, 0, 0.0
     while step < args.steps:
@@ -111,6 +128,8 @@ def main():
             step += 1
             if step == 5:
                 t_warm = time.perf_counter()
+            if args.eval_every and step % args.eval_every == 0:
+                evaluate(ddp_model, held_out, device, rank, step)
             if step == args.steps:
                 break
         epoch += 1
