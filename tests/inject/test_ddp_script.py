@@ -94,16 +94,23 @@ def test_a_hook_that_cannot_be_reached_is_reported_never_fatal(tmp_path, monkeyp
 
 
 @pytest.mark.timeout(240)
-def test_an_evaluation_loop_inside_no_data_runs_to_its_end(tmp_path):
-    """``no_data`` replays the training loader's batch; a held-out loader read between steps (under no_grad) is
-    the script's own and ends: replayed, its loop never would (the doctor hung on such a script)."""
+@pytest.mark.parametrize("reads", ["under_no_grad", "with_grad"])
+def test_an_evaluation_pass_runs_to_its_end_and_is_no_step_s_time(tmp_path, reads):
+    """An evaluation pass after each step (a held-out loader whose collate sleeps 40 ms a batch, 2 batches) runs
+    whole in every phase: ``no_data`` replays the training loader's batch only (replaying the held-out one, its
+    loop never ended: the doctor hung on such a script). Its time is no step's, whether its loop takes its
+    batches under no_grad or outside it (the Hugging Face Trainer's way)."""
     phased = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "3", "--steps", "13"]
-    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--eval-every", "2"], tmp_path,
-                 switches=phased, timeout=100)
+    args = ["--steps", "100000", "--width", "64", "--eval-every", "1", "--eval-collate-ms", "40",
+            *(["--eval-reads-with-grad"] if reads == "with_grad" else [])]
+    s = injected("ddp_train.py", args, tmp_path, switches=phased, timeout=100)
     log = (tmp_path / "ddp_train_n2.log").read_text()
     assert log.count("eval at step") >= 6 and "eval at step 12: 256 samples" in log, log[-3000:]
     assert s["phases"]["no_data"]["measured_steps"] > 0 and "no_data" not in s["injected"]["experiments_not_run"]
-    assert s["phases"]["no_data"]["data_wait_frac"] < s["phases"]["base"]["data_wait_frac"]
+    for ph in ("base", "no_data"):  # a pass counted in would add 80 ms (at least) to every step
+        steps = s["phases"][ph]["rank_step_time_s"]
+        assert max(steps) < 0.04 and s["phases"][ph]["data_wait_frac"] < 0.5, (ph, steps, s["phases"][ph])
+    assert s["injected"]["setup"]["evaluation_passes"] >= 12
 
 
 @pytest.mark.timeout(240)

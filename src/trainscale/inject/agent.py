@@ -101,6 +101,9 @@ class Agent:
         self.fixed: Any = None  # under no_data: the training loader's batch, replayed
         self.last_it: Any = None  # the iterator of the latest batch taken
         self.train_it: Any = None  # the one whose batch the latest backward trained on (no_data replays it alone)
+        self.last_wait, self.last_samples = 0.0, 0  # the latest batch's wait and samples
+        self.evaluating = False  # an evaluation pass between steps: out of the step's time (``_evaluation``)
+        self.eval_passes = 0
         self.depth = 0
         self.samples: list[int] = []
         self.step_samples = self.micro = 0
@@ -150,6 +153,8 @@ class Agent:
 
     def boundary(self) -> None:
         """One iteration ended: time it, switch the next one's experiment, stop when the run has its steps."""
+        if self.evaluating:
+            self._evaluation(False)
         self.boundaries += 1
         self.collectives.step_done(self.ins, self.mode, self.boundaries - 1)
         self.micro_counts.append(self.micro)
@@ -254,11 +259,38 @@ class Agent:
                 _broadcast_state(opt, self.ddps[0].process_group)
 
     def ddp_forward(self, ddp: Any) -> None:
+        if not torch.is_grad_enabled():  # an evaluation pass (no_grad, inference_mode): no exchange to switch
+            if not self.evaluating and self.ins is not None:
+                self._evaluation(True)
+            return
+        if self.evaluating:
+            self._evaluation(False)
         if self.mode.no_comm:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
-        elif ddp.require_backward_grad_sync and torch.is_grad_enabled():
+        elif ddp.require_backward_grad_sync:
             self.sync_forwards += 1
         self.forward_starts()  # compute starts with the model: a wait in the framework's collective is none
+
+    def _evaluation(self, starts: bool) -> None:
+        """An evaluation pass between steps starts or ends: its time is no step's (``Instruments.pause``).
+
+        It starts at a batch taken without gradients (an evaluation loop under ``torch.no_grad``) or at the first
+        forward without them (a loop that reads its batches outside, as the Hugging Face Trainer's does: that
+        batch, another loader's, is taken back from the step); it ends at a batch taken with gradients, a forward
+        with them, a backward or the optimizer step."""
+        ins = self.ins
+        assert ins is not None
+        self.evaluating = starts
+        if not starts:
+            ins.resume()
+            self.forward_starts()
+            return
+        self.eval_passes += 1
+        if self.last_it is not self.train_it and self.last_it is not None:
+            ins.data_wait(-self.last_wait)
+            self.step_samples -= self.last_samples
+            self.last_it = None  # taken back once
+        ins.pause()
 
     def graph_walk(self, seconds: float) -> None:
         self.walk_s += seconds
@@ -276,6 +308,9 @@ class Agent:
             return fetch(it)
         if self.workers is None:
             self.workers = int(getattr(it, "_num_workers", 0) or 0)
+        # a batch taken without gradients starts an evaluation loop (they read under no_grad); one with them ends it
+        if self.ins is not None and self.evaluating == torch.is_grad_enabled():
+            self._evaluation(not self.evaluating)
         self.last_it = it
         if self.mode.no_data and self.fixed is not None and it is self.train_it:
             batch = self.fixed
@@ -286,13 +321,16 @@ class Agent:
                 batch = fetch(it)
             finally:
                 self.depth -= 1
-            if self.ins is not None:
-                self.ins.data_wait(time.perf_counter() - t)
+            self.last_wait = time.perf_counter() - t
+            if self.ins is not None and not self.evaluating:
+                self.ins.data_wait(self.last_wait)
             if self.mode.no_data and it is self.train_it:
                 self.fixed = batch
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch  # (inputs, targets): no recursion
-        self.step_samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
+        self.last_samples = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() \
             else _batch_size(first)
+        if not self.evaluating:
+            self.step_samples += self.last_samples
         self.forward_starts()
         return batch
 
@@ -306,6 +344,8 @@ class Agent:
             else None
         if loss is None:
             return original(tensors, *args, **kwargs)
+        if self.evaluating:
+            self._evaluation(False)
         self.micro += 1
         self.train_it = self.last_it
         if self.loss_first is None:

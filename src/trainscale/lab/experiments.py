@@ -37,11 +37,14 @@ def injected_note(runs: dict[tuple[str, int], list[dict[str, Any]]], log: list[d
     ran = sorted({e["experiment"].split(" (")[0] for e in log} - set(unrun))
     unmeasured = {k: v for k, v in inj["measurements"].items() if not v.startswith("measured")}
     fw = inj["framework"]
+    evals = max(s["injected"].get("setup", {}).get("evaluation_passes") or 0 for s in seen)
     line = (f"Your script as it is ({fw['name']} {fw.get('version') or ''}): experiments run: {', '.join(ran)}"
             + "".join(f"; {k} not run: {v}" for k, v in unrun.items())
-            + "".join(f"; {k} {v}" for k, v in unmeasured.items()))
+            + "".join(f"; {k} {v}" for k, v in unmeasured.items())
+            + (f"; {evals} evaluation pass(es) between steps in a run (the model without gradients), left out of "
+               "the step times" if evals else ""))
     return {"framework": fw, "ddp": inj.get("ddp"), "experiments_run": ran, "experiments_not_run": unrun,
-            "not_measured": unmeasured, "line": line}
+            "not_measured": unmeasured, "evaluation_passes": evals, "line": line}
 
 
 class Lab:

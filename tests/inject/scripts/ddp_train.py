@@ -7,7 +7,8 @@ trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms 
 ``--no-sync`` (the fix: ``ddp_model.no_sync()`` on all but the last), ``--pin-cpu`` (the process pinned to one
 core, as some packages do at import: pytorch#82219), ``--compile`` (``torch.compile`` of the DDP model, as
 PyTorch's DDP + compile notes do), ``--fsdp`` (FSDP2's ``fully_shard`` on each layer and the model, no DDP),
-``--eval-every N`` (a pass over a held-out loader every N steps, under ``torch.no_grad``, as scripts evaluate).
+``--eval-every N`` (a pass over a held-out loader every N steps, under ``torch.no_grad``, as scripts evaluate;
+``--eval-collate-ms`` slows its loader, ``--eval-reads-with-grad`` takes its batches outside ``no_grad``).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
@@ -49,13 +50,15 @@ def slow_collate(ms):
     return collate
 
 
-def evaluate(model, loader, device, rank, step):
-    """Accuracy over a held-out loader, every batch of it, without gradients."""
+def evaluate(model, loader, device, rank, step, reads_with_grad=False):
+    """Accuracy over a held-out loader, every batch of it, without gradients (only the forward's, when
+    ``reads_with_grad``)."""
     model.eval()
     right = seen = 0
-    with torch.no_grad():
+    with contextlib.nullcontext() if reads_with_grad else torch.no_grad():
         for x, y in loader:
-            right += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
+            with torch.no_grad():
+                right += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
             seen += len(y)
     model.train()
     if rank == 0:
@@ -76,6 +79,9 @@ def main():
     p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
     p.add_argument("--fsdp", action="store_true", help="shard the model with fully_shard (FSDP2) instead of DDP")
     p.add_argument("--eval-every", type=int, default=0, help="every N steps, a pass over a held-out loader")
+    p.add_argument("--eval-collate-ms", type=float, default=0.0, help="the held-out loader's collate sleeps this")
+    p.add_argument("--eval-reads-with-grad", action="store_true",
+                   help="the pass takes its batches outside no_grad (as the Hugging Face Trainer's loop does)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
@@ -109,7 +115,7 @@ def main():
     collate = slow_collate(args.slow_collate_ms) if args.slow_collate_ms else None
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
     held_out = DataLoader(TensorDataset(torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)),
-                          batch_size=128)
+                          batch_size=128, collate_fn=slow_collate(args.eval_collate_ms) if args.eval_collate_ms else None)
 
     step, epoch, t_warm = 0, 0, 0.0
     while step < args.steps:
@@ -129,7 +135,7 @@ def main():
             if step == 5:
                 t_warm = time.perf_counter()
             if args.eval_every and step % args.eval_every == 0:
-                evaluate(ddp_model, held_out, device, rank, step)
+                evaluate(ddp_model, held_out, device, rank, step, args.eval_reads_with_grad)
             if step == args.steps:
                 break
         epoch += 1

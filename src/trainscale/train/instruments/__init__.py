@@ -176,12 +176,20 @@ class Instruments:
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """Work between steps that is not step time (evaluation, checkpoints)."""
-        self._call("on_pause")
+        self.pause()
         try:
             yield
         finally:
-            self.t_prev = time.perf_counter()
-            self._call("on_resume")
+            self.resume()
+
+    def pause(self) -> None:
+        """Work that is not step time starts (``untimed``; an evaluation pass the agent saw begin)."""
+        self._call("on_pause")
+
+    def resume(self) -> None:
+        """Step time resumes: the next step's clock starts now."""
+        self.t_prev = time.perf_counter()
+        self._call("on_resume")
 
     def watch_stragglers(self, store: Any, world: int, attempt: int) -> None:
         """Start the live straggler monitor (every rank; rank 0 scores; needs the launcher's store)."""
