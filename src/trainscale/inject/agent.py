@@ -274,10 +274,9 @@ class Agent:
     def _evaluation(self, starts: bool) -> None:
         """An evaluation pass between steps starts or ends: its time is no step's (``Instruments.pause``).
 
-        It starts at a batch taken without gradients (an evaluation loop under ``torch.no_grad``) or at the first
-        forward without them (a loop that reads its batches outside, as the Hugging Face Trainer's does: that
-        batch, another loader's, is taken back from the step); it ends at a batch taken with gradients, a forward
-        with them, a backward or the optimizer step."""
+        It starts at the first forward without gradients (the batch before it, another loader's than training's,
+        is taken back from the step) and ends at a batch taken with gradients, a forward with them, a backward or
+        the optimizer step. A batch taken without gradients does not start one: a training loop may read so."""
         ins = self.ins
         assert ins is not None
         self.evaluating = starts
@@ -308,9 +307,8 @@ class Agent:
             return fetch(it)
         if self.workers is None:
             self.workers = int(getattr(it, "_num_workers", 0) or 0)
-        # a batch taken without gradients starts an evaluation loop (they read under no_grad); one with them ends it
-        if self.ins is not None and self.evaluating == torch.is_grad_enabled():
-            self._evaluation(not self.evaluating)
+        if self.evaluating and torch.is_grad_enabled():
+            self._evaluation(False)
         self.last_it = it
         if self.mode.no_data and self.fixed is not None and it is self.train_it:
             batch = self.fixed
