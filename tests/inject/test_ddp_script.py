@@ -114,6 +114,15 @@ def test_an_evaluation_pass_runs_to_its_end_and_is_no_step_s_time(tmp_path, read
 
 
 @pytest.mark.timeout(240)
+def test_a_frozen_teacher_s_forward_is_part_of_the_step(tmp_path):
+    """A DDP model that never trains, run without gradients inside each step (a distillation teacher), is the
+    step's own work, not an evaluation pass."""
+    s = injected("ddp_train.py", ["--steps", "100000", "--width", "64", "--teacher"], tmp_path,
+                 switches=["--steps", "12"])
+    assert s["injected"]["setup"]["evaluation_passes"] == 0 and s["measured_steps"] > 0
+
+
+@pytest.mark.timeout(240)
 def test_replicas_agree_again_after_a_no_comm_phase(tmp_path):
     # Blocks of 4 steps after 3 of warm-up: base, no_comm (replicas drift: each rank sees its own data), base.
     phased = ["--ablate.phases", "base,no_comm", "--ablate.phase_steps", "4"]

@@ -104,6 +104,7 @@ class Agent:
         self.last_wait, self.last_samples = 0.0, 0  # the latest batch's wait and samples
         self.evaluating = False  # an evaluation pass between steps: out of the step's time (``_evaluation``)
         self.eval_passes = 0
+        self.trained: set[int] = set()  # the DDP models that ran a forward with gradients (a frozen teacher never)
         self.depth = 0
         self.samples: list[int] = []
         self.step_samples = self.micro = 0
@@ -259,12 +260,13 @@ class Agent:
                 _broadcast_state(opt, self.ddps[0].process_group)
 
     def ddp_forward(self, ddp: Any) -> None:
-        if not torch.is_grad_enabled():  # an evaluation pass (no_grad, inference_mode): no exchange to switch
-            if not self.evaluating and self.ins is not None:
+        if not torch.is_grad_enabled():  # no exchange to switch; a model that trains, evaluated between steps
+            if not self.evaluating and self.ins is not None and id(ddp) in self.trained:
                 self._evaluation(True)
             return
         if self.evaluating:
             self._evaluation(False)
+        self.trained.add(id(ddp))
         if self.mode.no_comm:
             ddp.require_backward_grad_sync = False  # re-asserted: a script may set it itself per micro-step
         elif ddp.require_backward_grad_sync:
@@ -274,9 +276,10 @@ class Agent:
     def _evaluation(self, starts: bool) -> None:
         """An evaluation pass between steps starts or ends: its time is no step's (``Instruments.pause``).
 
-        It starts at the first forward without gradients (the batch before it, another loader's than training's,
-        is taken back from the step) and ends at a batch taken with gradients, a forward with them, a backward or
-        the optimizer step. A batch taken without gradients does not start one: a training loop may read so."""
+        It starts at the first forward without gradients of a model that trains (the batch before it, another
+        loader's than training's, is taken back from the step) and ends at a batch taken with gradients, a forward
+        with them, a backward or the optimizer step. Neither a batch taken without gradients (a training loop may
+        read so) nor a frozen model's forward (a teacher's, in the step) starts one."""
         ins = self.ins
         assert ins is not None
         self.evaluating = starts

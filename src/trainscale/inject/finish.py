@@ -97,8 +97,8 @@ def _setup(agent: Any, local: dict[str, Any]) -> dict[str, Any]:
             "exchanges_per_step": _median(agent.sync_counts[1:]), "micro_batches_per_step": local["micro"],
             "host_syncs_per_step": _median(agent.sync_steps[2:]) if agent.status.get("host_syncs") == "measured"
             else None, "host_sync_sites": agent.syncs.top_sites(n), "one_rank_serves_data": agent.dispatched,
-            "loader_workers": agent.workers, "evaluation_passes": agent.eval_passes, "threads": local["threads"], "processes_per_node":
-            int(os.environ.get("LOCAL_WORLD_SIZE", str(agent.world))), "cores": available_cores(),
+            "loader_workers": agent.workers, "evaluation_passes": agent.eval_passes, "threads": local["threads"],
+            "processes_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", str(agent.world))), "cores": available_cores(),
             "cores_at_start": int(os.environ.get("TRAINSCALE_START_CPUS") or available_cores())}
 
 

@@ -45,13 +45,16 @@ class LabProgress(Progress):
     def advance(self, task_id: TaskID, advance: float = 1) -> None:
         """A run ended: said once the next starts (or at the end, if none does)."""
         self._flush(task_id)
-        self._done = str(self._tasks[task_id].description) + " done"
+        self._done = str(self._task(task_id).description) + " done"
         super().advance(task_id, advance)
 
     def stop(self) -> None:
-        if self._tasks:
-            self._flush(next(iter(self._tasks)))
+        if self.tasks:
+            self._flush(self.tasks[0].id)
         super().stop()
+
+    def _task(self, task_id: TaskID) -> Any:
+        return next(t for t in self.tasks if t.id == task_id)
 
     def _flush(self, task_id: TaskID) -> None:
         if self.lines and self._done is not None:
@@ -59,7 +62,7 @@ class LabProgress(Progress):
         self._done = None
 
     def _say(self, task_id: TaskID, what: str) -> None:
-        task = self._tasks[task_id]
+        task = self._task(task_id)
         total = f"/{task.total:g}" if task.total is not None else ""
         err_console.print(f"{self.label}: {task.completed:g}{total} runs, {time.perf_counter() - self.t0:.0f} s: "
                           f"{what}", highlight=False, soft_wrap=True)

@@ -8,7 +8,8 @@ trainscale's tests: ``--slow-collate-ms 20`` (a Python collate that takes 20 ms 
 core, as some packages do at import: pytorch#82219), ``--compile`` (``torch.compile`` of the DDP model, as
 PyTorch's DDP + compile notes do), ``--fsdp`` (FSDP2's ``fully_shard`` on each layer and the model, no DDP),
 ``--eval-every N`` (a pass over a held-out loader every N steps, under ``torch.no_grad``, as scripts evaluate;
-``--eval-collate-ms`` slows its loader, ``--eval-reads-with-grad`` takes its batches outside ``no_grad``).
+``--eval-collate-ms`` slows its loader, ``--eval-reads-with-grad`` takes its batches outside ``no_grad``),
+``--teacher`` (a frozen DDP copy distilled from, its forward under ``no_grad`` inside each step).
 ``--device cuda`` trains on the GPUs as the tutorial does (rank % GPU count, so ranks may share one; Gloo).
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 40
@@ -82,6 +83,8 @@ def main():
     p.add_argument("--eval-collate-ms", type=float, default=0.0, help="the held-out loader's collate sleeps this")
     p.add_argument("--eval-reads-with-grad", action="store_true",
                    help="the pass takes its batches outside no_grad (as the Hugging Face Trainer's loop does)")
+    p.add_argument("--teacher", action="store_true",
+                   help="distil from a frozen DDP copy, its forward under no_grad inside each step")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--save", default="")
     p.add_argument("--save-each", default="", help="every rank saves its replica to PATH.rankN (tests)")
@@ -106,6 +109,7 @@ def main():
                         find_unused_parameters=args.find_unused)
     if args.compile:
         ddp_model = torch.compile(ddp_model)
+    teacher = DDP(ToyModel(args.width).to(device).eval()) if args.teacher else None
     loss_fn = nn.CrossEntropyLoss()
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
 
@@ -126,7 +130,12 @@ def main():
                 optimizer.zero_grad()
             last = (i + 1) % args.accum == 0
             with ddp_model.no_sync() if args.no_sync and not last else contextlib.nullcontext():
-                loss = loss_fn(ddp_model(x), y)
+                out = ddp_model(x)
+                loss = loss_fn(out, y)
+                if teacher is not None:
+                    with torch.no_grad():
+                        soft = teacher(x).softmax(1)
+                    loss = loss + 0.1 * nn.functional.cross_entropy(out, soft)
                 (loss / args.accum if args.accum > 1 else loss).backward()
             if not last:
                 continue
