@@ -40,6 +40,21 @@ def test_the_loop_is_found_and_its_input_measured(tmp_path, script):
     assert len(s["rank_framework_collective_s"]) == 2 and base["rank_framework_collective_steps"]
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", ["lightning_train.py", "hf_train.py"])
+def test_a_framework_s_evaluation_between_steps_is_no_step_s_time(tmp_path, script):
+    """Lightning's validation (through DDP, without gradients) and the Trainer's ``evaluate()`` (its model
+    unwrapped) after every step, 2 held-out batches of a 40 ms collate each: out of every step's time, in both
+    phases; under ``no_data`` the held-out loops end."""
+    phased = ["--ablate.phases", "base,no_data", "--ablate.phase_steps", "3", "--steps", "13"]
+    s = injected(script, ["--steps", "100000", "--eval-every", "1", "--eval-collate-ms", "40",
+                          *(["--width", "64"] if script == "lightning_train.py" else [])], tmp_path, switches=phased)
+    assert s["injected"]["setup"]["evaluation_passes"] >= 12
+    for ph in ("base", "no_data"):  # a pass counted in would add 80 ms (at least) to every step
+        steps = s["phases"][ph]["rank_step_time_s"]
+        assert max(steps) < 0.05, (ph, steps)
+
+
 def _doctor(tmp_path, script, args):
     out = tmp_path / "doc"
     r = run_cli(["doctor", "--nproc", "2", "--repeat", "2", "--quick", "--cycles", "4", "--phase-steps", "6",

@@ -11,10 +11,12 @@ its summary written when it exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,9 @@ class Agent:
         self.train_it: Any = None  # the one whose batch the latest backward trained on (no_data replays it alone)
         self.last_wait, self.last_samples = 0.0, 0  # the latest batch's wait and samples
         self.evaluating = False  # an evaluation pass between steps: out of the step's time (``_evaluation``)
+        self.eval_held = False  # the pass is a framework's evaluate() call (``evaluation``): it ends with the call
         self.eval_passes = 0
+        self._eval_kept: tuple[float, int, list[int]] = (0.0, 0, [])  # the step's collective figures at its start
         self.trained: set[int] = set()  # the DDP models that ran a forward with gradients (a frozen teacher never)
         self.depth = 0
         self.samples: list[int] = []
@@ -264,7 +268,7 @@ class Agent:
             if not self.evaluating and self.ins is not None and id(ddp) in self.trained:
                 self._evaluation(True)
             return
-        if self.evaluating:
+        if self.evaluating and not self.eval_held:
             self._evaluation(False)
         self.trained.add(id(ddp))
         if self.mode.no_comm:
@@ -280,19 +284,36 @@ class Agent:
         loader's than training's, is taken back from the step) and ends at a batch taken with gradients, a forward
         with them, a backward or the optimizer step. Neither a batch taken without gradients (a training loop may
         read so) nor a frozen model's forward (a teacher's, in the step) starts one."""
-        ins = self.ins
+        ins, timer = self.ins, self.collectives
         assert ins is not None
         self.evaluating = starts
         if not starts:
+            timer.seconds, timer.calls, timer.counts = self._eval_kept  # the pass's collectives are no step's
             ins.resume()
             self.forward_starts()
             return
         self.eval_passes += 1
+        self._eval_kept = (timer.seconds, timer.calls, list(timer.counts))
         if self.last_it is not self.train_it and self.last_it is not None:
             ins.data_wait(-self.last_wait)
             self.step_samples -= self.last_samples
             self.last_it = None  # taken back once
         ins.pause()
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """A framework's evaluate() call (the Hugging Face Trainer's, whose model runs unwrapped, out of DDP's
+        sight): an evaluation pass for the whole call."""
+        if self.ins is None or self.evaluating:
+            yield
+            return
+        self._evaluation(True)
+        self.eval_held = True
+        try:
+            yield
+        finally:
+            self.eval_held = False
+            self._evaluation(False)
 
     def graph_walk(self, seconds: float) -> None:
         self.walk_s += seconds
@@ -310,7 +331,7 @@ class Agent:
             return fetch(it)
         if self.workers is None:
             self.workers = int(getattr(it, "_num_workers", 0) or 0)
-        if self.evaluating and torch.is_grad_enabled():
+        if self.evaluating and not self.eval_held and torch.is_grad_enabled():
             self._evaluation(False)
         self.last_it = it
         if self.mode.no_data and self.fixed is not None and it is self.train_it:
@@ -345,7 +366,7 @@ class Agent:
             else None
         if loss is None:
             return original(tensors, *args, **kwargs)
-        if self.evaluating:
+        if self.evaluating and not self.eval_held:
             self._evaluation(False)
         self.micro += 1
         self.train_it = self.last_it

@@ -72,6 +72,8 @@ def install(agent: Any) -> dict[str, str]:
               for name, patch in patches.items()}
     if "data_wait" not in skip:
         after_import("accelerate.data_loader", lambda m: _accelerate_loaders(m, agent))
+    if "evaluation" not in skip:
+        after_import("transformers.trainer", lambda m: _trainer_evaluate(m, agent))
     if "devices" not in skip:
         for module, cls in LIGHTNING_CONNECTORS:
             after_import(module, functools.partial(lightning_devices, cls_name=cls, agent=agent))
@@ -188,6 +190,22 @@ def _accelerate_loaders(module: Any, agent: Any) -> None:
             return _Timed(_original(self), agent)
 
         cls.__iter__ = __iter__
+
+
+def _trainer_evaluate(module: Any, agent: Any) -> None:
+    """The Hugging Face Trainer evaluates between steps with its model unwrapped (no DDP forward to see): each
+    ``evaluate()`` call is an evaluation pass, out of the step's time."""
+    cls = getattr(module, "Trainer", None)
+    original = getattr(cls, "evaluate", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with agent.evaluation():
+            return original(self, *args, **kwargs)
+
+    cls.evaluate = evaluate  # type: ignore[union-attr]
 
 
 class _Timed:

@@ -2,7 +2,8 @@
 
 No trainscale import. Fault switches for trainscale's tests: ``--slow-collate-ms 20`` (a Python collate,
 no workers), ``--slow-rank 1`` (that rank's forward 3x slower). ``--cuda`` trains on the GPU (ranks may share
-one: the Trainer's exchange then runs on Gloo, as NCCL wants one GPU per rank).
+one: the Trainer's exchange then runs on Gloo, as NCCL wants one GPU per rank). ``--eval-every N`` evaluates on a
+held-out set every N steps (``--eval-collate-ms`` slows its batches).
 
     HF_HUB_OFFLINE=1 torchrun --nproc-per-node 2 hf_train.py --steps 40
 """
@@ -37,6 +38,8 @@ def main():
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--accum", type=int, default=1, help="gradient_accumulation_steps")
+    p.add_argument("--eval-every", type=int, default=0, help="eval_steps: evaluate on a held-out set every N steps")
+    p.add_argument("--eval-collate-ms", type=float, default=0.0, help="the collate sleeps this for a held-out batch")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -53,8 +56,10 @@ def main():
             return out
         model.forward = slow_forward
 
+    eval_batch = 128  # the Trainer has one collate: a held-out batch is told by its size
+
     def collate(samples):
-        time.sleep(args.slow_collate_ms / 1000)
+        time.sleep((args.eval_collate_ms if len(samples) == eval_batch else args.slow_collate_ms) / 1000)
         return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
     out = tempfile.mkdtemp(prefix="hf_train_")
@@ -62,8 +67,11 @@ def main():
                                  gradient_accumulation_steps=args.accum,
                                  learning_rate=1e-3, use_cpu=not args.cuda,
                                  ddp_backend="gloo" if args.cuda else None, report_to=[], save_strategy="no",
-                                 logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0)
-    trainer = Trainer(model=model, args=training, train_dataset=Tokens(2048, 32, 256), data_collator=collate)
+                                 logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True, seed=0,
+                                 eval_strategy="steps" if args.eval_every else "no", eval_steps=args.eval_every or None,
+                                 per_device_eval_batch_size=eval_batch)
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(2048, 32, 256), data_collator=collate,
+                      eval_dataset=Tokens(512, 32, 256) if args.eval_every else None)
     trainer.train()
 
 

@@ -1,7 +1,8 @@
 """A Lightning ``Trainer`` script, as Lightning's docs teach it (run it under torchrun).
 
 No trainscale import. Fault switches for trainscale's tests: ``--slow-collate-ms 20`` (a Python collate,
-no workers), ``--slow-rank 1`` (that rank's forward 3x slower).
+no workers), ``--slow-rank 1`` (that rank's forward 3x slower). ``--eval-every N`` validates every N batches
+(``--eval-collate-ms`` slows the validation loader).
 
     torchrun --nproc-per-node 2 lightning_train.py --steps 40
 """
@@ -36,6 +37,10 @@ class LitNet(L.LightningModule):
         x, y = batch
         return self.loss_fn(self(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return self.loss_fn(self(x), y)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
@@ -50,6 +55,8 @@ def main():
     p.add_argument("--devices", type=int, default=0, help="hard-coded, as many scripts do (0: torchrun's count)")
     p.add_argument("--accum", type=int, default=1, help="accumulate_grad_batches (Lightning skips the exchange "
                                                         "on all but the last micro-batch)")
+    p.add_argument("--eval-every", type=int, default=0, help="val_check_interval: validate every N batches")
+    p.add_argument("--eval-collate-ms", type=float, default=0.0, help="the validation loader's collate sleeps this")
     args = p.parse_args()
 
     L.seed_everything(0, verbose=False)
@@ -63,10 +70,18 @@ def main():
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True,
                         collate_fn=collate if args.slow_collate_ms else None)
     devices = args.devices or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's process count on this node
+    def eval_collate(samples):
+        time.sleep(args.eval_collate_ms / 1000)
+        return default_collate(samples)
+
+    held_out = DataLoader(TensorDataset(torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)),
+                          batch_size=64, collate_fn=eval_collate) if args.eval_every else None
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                         max_steps=args.steps, accumulate_grad_batches=args.accum, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(LitNet(args.width, args.slow_rank), loader)
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        val_check_interval=args.eval_every or None, check_val_every_n_epoch=None if args.eval_every
+                        else 1, num_sanity_val_steps=0)
+    trainer.fit(LitNet(args.width, args.slow_rank), loader, held_out)
 
 
 if __name__ == "__main__":
