@@ -53,6 +53,8 @@ def test_a_framework_s_evaluation_between_steps_is_no_step_s_time(tmp_path, scri
     for ph in ("base", "no_data"):  # a pass counted in would add 80 ms (at least) to every step
         steps = s["phases"][ph]["rank_step_time_s"]
         assert max(steps) < 0.05, (ph, steps)
+    own = s["framework_collectives"]["calls_per_step"]  # the training loop's own, not the pass's gathers
+    assert 1.0 <= own.get(OWN[script], 0) < 1.5 and sum(own.values()) < 1.5, own
 
 
 def _doctor(tmp_path, script, args):

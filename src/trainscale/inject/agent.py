@@ -107,7 +107,6 @@ class Agent:
         self.evaluating = False  # an evaluation pass between steps: out of the step's time (``_evaluation``)
         self.eval_held = False  # the pass is a framework's evaluate() call (``evaluation``): it ends with the call
         self.eval_passes = 0
-        self._eval_kept: tuple[float, int, list[int]] = (0.0, 0, [])  # the step's collective figures at its start
         self.trained: set[int] = set()  # the DDP models that ran a forward with gradients (a frozen teacher never)
         self.depth = 0
         self.samples: list[int] = []
@@ -118,7 +117,7 @@ class Agent:
         self.walk_s = 0.0  # find_unused_parameters' graph walks, summed over every iteration
         self.workers: int | None = None  # the first loader's worker processes
         self.syncs = SyncCounter()
-        self.collectives = CollectiveTimer()  # the framework's own collectives outside DDP, per step
+        self.collectives = CollectiveTimer(self._pass_goes_on)  # the framework's own collectives outside DDP
         self.sync_steps: list[int] = []  # host syncs per iteration (on a GPU)
         self.dispatched = False  # accelerate's DataLoaderDispatcher: one rank reads the data for all
         self.loss_first: Any = None  # the first loss, detached: no graph of the first step is kept
@@ -284,30 +283,37 @@ class Agent:
         loader's than training's, is taken back from the step) and ends at a batch taken with gradients, a forward
         with them, a backward or the optimizer step. Neither a batch taken without gradients (a training loop may
         read so) nor a frozen model's forward (a teacher's, in the step) starts one."""
-        ins, timer = self.ins, self.collectives
+        ins = self.ins
         assert ins is not None
-        self.evaluating = starts
+        self.evaluating = self.collectives.paused = starts  # the pass's collectives are no step's either
         if not starts:
-            timer.seconds, timer.calls, timer.counts = self._eval_kept  # the pass's collectives are no step's
             ins.resume()
             self.forward_starts()
             return
         self.eval_passes += 1
-        self._eval_kept = (timer.seconds, timer.calls, list(timer.counts))
         if self.last_it is not self.train_it and self.last_it is not None:
             ins.data_wait(-self.last_wait)
             self.step_samples -= self.last_samples
             self.last_it = None  # taken back once
         ins.pause()
 
+    def _pass_goes_on(self) -> bool:
+        """A framework's collective during an evaluation pass: with gradients on, outside a framework's evaluate(),
+        the pass has ended (Lightning's loop runs its per-step broadcast before it takes the next batch)."""
+        if self.eval_held or not torch.is_grad_enabled():
+            return True
+        self._evaluation(False)
+        return False
+
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[None]:
         """A framework's evaluate() call (the Hugging Face Trainer's, whose model runs unwrapped, out of DDP's
         sight): an evaluation pass for the whole call."""
-        if self.ins is None or self.evaluating:
+        if self.ins is None:
             yield
             return
-        self._evaluation(True)
+        if not self.evaluating:
+            self._evaluation(True)
         self.eval_held = True
         try:
             yield

@@ -70,10 +70,12 @@ class CollectiveTimer:
         timer.step_done(ins, mode, 5)     # rows: [(phase, cycle, seconds, 1)] once step 5 is past ins.warm
     """
 
-    __slots__ = ("seconds", "calls", "depth", "counts", "rows", "clock", "sites", "sites_left")
+    __slots__ = ("seconds", "calls", "depth", "paused", "goes_on", "counts", "rows", "clock", "sites", "sites_left")
 
-    def __init__(self) -> None:
+    def __init__(self, goes_on: Any = None) -> None:
         self.seconds, self.calls, self.depth = 0.0, 0, 0
+        self.paused = False  # an evaluation pass between steps: its calls are no step's (``Agent._evaluation``)
+        self.goes_on = goes_on  # called at a call while paused: False when the pass has ended there
         self.counts = [0] * len(FUNCTIONS)  # calls per function over the measured steps
         # per measured step: (its phase when timed, its cycle, seconds, calls)
         self.rows: list[tuple[str | None, int, float, int]] = []
@@ -87,7 +89,8 @@ class CollectiveTimer:
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if timer.depth or sys._getframe(1).f_globals.get("__name__", "").startswith(_SKIPPED_CALLERS):
+            if timer.depth or timer.paused and timer.goes_on() or sys._getframe(1).f_globals.get(
+                    "__name__", "").startswith(_SKIPPED_CALLERS):
                 return fn(*args, **kwargs)
             timer.depth = 1
             if timer.sites_left:
