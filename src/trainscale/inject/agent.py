@@ -281,8 +281,9 @@ class Agent:
 
         It starts at the first forward without gradients of a model that trains (the batch before it, another
         loader's than training's, is taken back from the step) and ends at a batch taken with gradients, a forward
-        with them, a backward or the optimizer step. Neither a batch taken without gradients (a training loop may
-        read so) nor a frozen model's forward (a teacher's, in the step) starts one."""
+        with them, a backward, the optimizer step or a framework's collective with gradients on; a framework's
+        evaluate() call is one pass to its end (``evaluation``). Neither a batch taken without gradients (a training
+        loop may read so) nor a frozen model's forward (a teacher's, in the step) starts one."""
         ins = self.ins
         assert ins is not None
         self.evaluating = self.collectives.paused = starts  # the pass's collectives are no step's either
