@@ -32,8 +32,9 @@ ALLOWED: dict[str, set[str]] = {
     # The run's MFU reads the GPU catalogue (one table of peaks, shared).
     "train": {"config", "schema", "train_options", "distributed", "models", "data", "strategies", "reporting", "costs"},
     "jobs": {"config", "schema", "train_options", "distributed", "reporting", "inject"},
-    # An unmodified script instrumented from outside: feeds train's instruments, writes the run summary.
-    "inject": {"config", "schema", "distributed", "reporting", "train.instruments"},
+    # An unmodified script instrumented from outside: feeds train's instruments, writes the run summary; its
+    # FSDP bytes are counted by the one formula the run API's FSDP uses (costs).
+    "inject": {"config", "schema", "distributed", "reporting", "train.instruments", "costs"},
     # models/data: a job's layout for calibration; nodes: calibrate across nodes as bench and doctor do;
     # strategies/distributed: the reducer's measurement wraps the job's model in the job's own DDP.
     "sim": {"config", "costs", "jobs", "nodes", "reporting", "models", "data", "strategies", "distributed"},

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..costs.collectives import collective_bytes
+
 __all__ = ["FSDP_MODULES", "install_fsdp", "fsdp_facts"]
 
 FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
@@ -64,9 +66,9 @@ def fsdp_facts(units: list[dict[str, Any]], world: int, micro: float) -> dict[st
     root = units[-1]  # the model, sharded last, as FSDP2's documentation and torchtitan do
     gathers = sum((1 + (u["reshard"] and u is not root)) * u["elements"] * _size(u, "param_dtype") for u in units)
     reduced = sum(u["elements"] * _size(u, "reduce_dtype") for u in units)
-    ring = (world - 1) / world  # a ring all-gather or reduce-scatter: each rank sends (W-1)/W of the bytes
-    return {"units": len(units) - 1, "allgather_bytes_per_step": max(1.0, micro) * gathers * ring,
-            "reduce_scatter_bytes_per_step": reduced * ring,
+    return {"units": len(units) - 1,
+            "allgather_bytes_per_step": max(1.0, micro) * collective_bytes("all_gather", gathers, world),
+            "reduce_scatter_bytes_per_step": collective_bytes("reduce_scatter", reduced, world),
             "reshard_after_forward": all(u["reshard"] for u in units[:-1]),
             "param_dtype": _name(root["param_dtype"]),
             "reduce_dtype": _name(root["reduce_dtype"] or root["param_dtype"]),
